@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The project's one test command (README.md, .ci/run): installs what the suite needs on a fresh
+# machine, builds the test cluster's binaries once per machine (cached under ~/.cache), then runs
+# every test: unit, real processes with gloo, the real Monarch runtime, the real Kubernetes control
+# plane with the operator, Helm, and the benchmarks' smoke runs.
+#
+# Usage: bash scripts/test.sh [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY="${PYTHON:-python3}"
+
+# System tools the test node needs (network namespaces, bridges) and TLS.
+need_apt=()
+command -v ip >/dev/null || need_apt+=(iproute2)
+command -v openssl >/dev/null || need_apt+=(openssl)
+command -v go >/dev/null || need_apt+=(golang-go)
+if [ "${#need_apt[@]}" -gt 0 ]; then
+  echo "test.sh: installing ${need_apt[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+# Python dependencies: pip's cache keeps torch, so only a fresh machine downloads it.
+if ! "$PY" -c 'import torch, monarch, kopf, kubernetes, yaml, pytest, pytest_timeout, monarch_spmd, spmd_operator' 2>/dev/null; then
+  echo "test.sh: installing Python dependencies (first run on this machine downloads torch)"
+  "$PY" -m pip install -q -e ".[test]"
+else
+  "$PY" -m pip install -q --no-deps -e . >/dev/null
+fi
+
+# Kubernetes, etcd, kwok and helm binaries, built from the Go module proxy once per machine.
+start=$(date +%s)
+MONARCH_SPMD_K8S_BIN="$(bash tests/cluster/build-binaries.sh | tail -n 1)"
+export MONARCH_SPMD_K8S_BIN
+echo "test.sh: cluster binaries in $MONARCH_SPMD_K8S_BIN ($(( $(date +%s) - start ))s)"
+
+set +e
+"$PY" -m pytest -p no:cacheprovider "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then
+  echo "test.sh: pytest collected no tests; that is a failure of the suite" >&2
+  exit 1
+fi
+exit "$rc"
