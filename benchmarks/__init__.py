@@ -1,0 +1,1 @@
+"""Benchmarks: launch overhead, operator scale, gang restart. See benchmarks/RESULTS.md."""
