@@ -1,0 +1,27 @@
+# The SPMDJob operator image. Build from the repository root:
+#   docker build -f images/operator.Dockerfile -t monarch-spmd/operator:0.1.0 .
+# Runs as the non-root user 65532 with a read-only root file system (see the Helm chart).
+FROM python:3.11.11-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# Pinned inside pyproject's ranges (kopf>=1.37,<2; kubernetes>=30; pyyaml>=6).
+RUN pip install kopf==1.45.2 kubernetes==37.0.2 pyyaml==6.0.3
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY monarch_spmd ./monarch_spmd
+COPY operator ./operator
+RUN pip install --no-deps . && rm -rf /src
+
+RUN groupadd --gid 65532 nonroot && useradd --uid 65532 --gid 65532 --no-create-home --shell /usr/sbin/nologin nonroot
+USER 65532:65532
+WORKDIR /tmp
+
+# kopf's health endpoint (liveness and readiness probes).
+EXPOSE 8080
+ENTRYPOINT ["python", "-m", "spmd_operator"]
+CMD ["--all-namespaces"]
