@@ -1,0 +1,464 @@
+"""``monarch-spmd logs JOB``: the logs of every rank of an SPMDJob in one stream.
+
+Where it sits: a command of the CLI (``monarch_spmd.cli`` dispatches ``monarch-spmd logs ...``
+to :func:`main`), beside the local runner and above nothing else of the library; it talks to
+Kubernetes through the ``kubernetes`` Python client, imported inside functions so that
+``import monarch_spmd`` stays standard-library only (``pip install 'monarch-spmd[cli]'``).
+
+::
+
+    monarch-spmd logs JOB [-n NAMESPACE] [--rank R ...] [-f] [--restart N] [--tail N]
+                          [--container NAME] [--kubeconfig PATH]
+
+It finds the job's pods by the label ``spmd.monarch.dev/job=JOB``, keeps those of one gang
+attempt (``spmd.monarch.dev/restart``; the job's current one, ``status.restarts``, unless
+``--restart`` names another) and of the ranks asked for (``--rank``, repeatable, ``0,2`` and
+``4-7`` allowed), and prints every line of the ``trainer`` container as ``[rank R] line``.
+Without ``--follow`` each rank's log is printed whole, in rank order; with it, it waits for the
+pods to exist, then one thread per pod streams its log and lines are printed as they arrive
+(whole lines only, never mixed), until every container has ended or Ctrl-C.
+
+The pure parts (argument parsing, pod selection, line splitting and prefixing) are functions and
+a small class with plain values in and out; the unit tests exercise them without a cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import IO, Any, Final
+
+JOB_LABEL: Final = "spmd.monarch.dev/job"
+RANK_LABEL: Final = "spmd.monarch.dev/rank"
+RESTART_LABEL: Final = "spmd.monarch.dev/restart"
+GROUP: Final = "spmd.monarch.dev"
+VERSION: Final = "v1alpha1"
+PLURAL: Final = "spmdjobs"
+CONTAINER: Final = "trainer"
+#: Seconds between looks for pods that do not exist, or containers that have not started, yet.
+POLL_SECONDS: Final = 1.0
+
+_PROG: Final = "monarch-spmd logs"
+
+
+class LogsError(Exception):
+    """A problem the user can act on (job not found, no pods yet, ...); the message says which."""
+
+
+class NoPodsYet(LogsError):
+    """The job exists but has no pods (yet); follow mode waits for them."""
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+def parse_ranks(text: str) -> list[int]:
+    """Parses ``"3"``, ``"0,2"`` or ``"4-7"`` (and mixes such as ``"0,4-5"``) into ranks.
+
+    Raises:
+        argparse.ArgumentTypeError: for anything else, naming what would be valid.
+    """
+    ranks: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        low, dash, high = part.partition("-")
+        try:
+            if dash:
+                first, last = int(low), int(high)
+                if first > last:
+                    raise ValueError
+                ranks.extend(range(first, last + 1))
+            else:
+                ranks.append(int(part))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a rank list; expected e.g. 3, 0,2 or 4-7"
+            ) from None
+    if any(r < 0 for r in ranks):
+        raise argparse.ArgumentTypeError(f"{text!r}: ranks are integers of at least 0")
+    return ranks
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer of at least 0")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``monarch-spmd logs``."""
+    parser = argparse.ArgumentParser(
+        prog=_PROG,
+        description="Print the logs of every rank of an SPMDJob in one stream, each line prefixed "
+        "'[rank R]'.",
+    )
+    parser.add_argument("job", metavar="JOB", help="the SPMDJob's name")
+    parser.add_argument(
+        "-n", "--namespace", help="the job's namespace (default: the kubeconfig context's, else 'default')"
+    )
+    parser.add_argument(
+        "-r",
+        "--rank",
+        dest="ranks",
+        action="append",
+        type=parse_ranks,
+        metavar="R",
+        help="only these ranks; repeatable, and '0,2' or '4-7' allowed (default: all)",
+    )
+    parser.add_argument(
+        "-f", "--follow", action="store_true", help="stream the logs until every rank's container ends"
+    )
+    parser.add_argument(
+        "--restart",
+        type=_non_negative,
+        metavar="N",
+        help="the gang attempt to show, 0 first (default: the current one, status.restarts)",
+    )
+    parser.add_argument("--tail", type=_non_negative, metavar="N", help="only the last N lines of each rank")
+    parser.add_argument("--container", default=CONTAINER, help=f"container name (default: {CONTAINER})")
+    parser.add_argument("--kubeconfig", metavar="PATH", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Parses the command line; ``ranks`` becomes a sorted list of unique ranks, or None for all."""
+    opts = build_parser().parse_args(list(argv))
+    if opts.ranks is not None:
+        opts.ranks = sorted({r for group in opts.ranks for r in group})
+    return opts
+
+
+def rank_prefix(rank: int) -> str:
+    """The prefix of every line of ``rank``'s log."""
+    return f"[rank {rank}] "
+
+
+def current_restart(job: Mapping[str, Any]) -> int:
+    """The job's current gang attempt: ``status.restarts`` (0 before the first restart)."""
+    status = job.get("status") or {}
+    restarts = status.get("restarts")
+    return restarts if isinstance(restarts, int) and not isinstance(restarts, bool) and restarts >= 0 else 0
+
+
+def _label_int(pod: Mapping[str, Any], label: str) -> int | None:
+    raw = ((pod.get("metadata") or {}).get("labels") or {}).get(label)
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        return None
+
+
+def select_pods(
+    pods: Iterable[Mapping[str, Any]], job: str, restart: int, ranks: Sequence[int] | None = None
+) -> list[tuple[int, Mapping[str, Any]]]:
+    """The ``(rank, pod)`` pairs of one gang attempt of ``job``, in rank order.
+
+    Args:
+        pods: pods as plain dicts (``metadata.name``, ``metadata.labels``), e.g. a pod list's items.
+        job: the SPMDJob's name; pods of other jobs are ignored.
+        restart: the gang attempt (``spmd.monarch.dev/restart``) to keep.
+        ranks: the ranks to keep; None keeps all.
+
+    Raises:
+        LogsError: when no pod of the job has that attempt (saying which attempts exist), or
+            when some asked-for ranks have no pod (saying which ranks exist).
+    """
+    mine = [p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get(JOB_LABEL) == job]
+    attempts = sorted({a for a in (_label_int(p, RESTART_LABEL) for p in mine) if a is not None})
+    chosen = [p for p in mine if _label_int(p, RESTART_LABEL) == restart]
+    if not chosen:
+        if not attempts:
+            raise NoPodsYet(f"spmdjob {job} has no pods yet")
+        raise LogsError(
+            f"spmdjob {job} has no pods of restart {restart}; pods exist for restart(s) "
+            f"{', '.join(map(str, attempts))} (choose one with --restart)"
+        )
+    by_rank: dict[int, Mapping[str, Any]] = {}
+    for pod in chosen:
+        rank = _label_int(pod, RANK_LABEL)
+        if rank is not None:
+            by_rank[rank] = pod
+    if ranks is not None:
+        missing = sorted(set(ranks) - set(by_rank))
+        if missing:
+            have = sorted(by_rank)
+            raise LogsError(
+                f"spmdjob {job} restart {restart} has no pod for rank(s) {', '.join(map(str, missing))}; "
+                f"it has rank(s) {_ranges(have)}"
+            )
+        by_rank = {r: p for r, p in by_rank.items() if r in set(ranks)}
+    return sorted(by_rank.items(), key=lambda item: item[0])
+
+
+def _ranges(values: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    out: list[str] = []
+    i = 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        out.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
+        i = j + 1
+    return ", ".join(out) or "none"
+
+
+class LineSplitter:
+    """Turns a stream of byte chunks into whole prefixed lines.
+
+    A chunk may end in the middle of a line (or of a UTF-8 character); the rest is kept until the
+    next chunk or :meth:`flush`. Undecodable bytes become U+FFFD rather than errors.
+    """
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self._pending = b""
+
+    def feed(self, chunk: bytes) -> list[str]:
+        """The whole lines completed by ``chunk``, each prefixed, without their line ends."""
+        data = self._pending + chunk
+        *lines, self._pending = data.split(b"\n")
+        return [self._format(line) for line in lines]
+
+    def flush(self) -> list[str]:
+        """The last, unterminated line, if any."""
+        rest, self._pending = self._pending, b""
+        return [self._format(rest)] if rest else []
+
+    def _format(self, line: bytes) -> str:
+        return self.prefix + line.rstrip(b"\r").decode("utf-8", errors="replace")
+
+
+def prefix_lines(prefix: str, text: bytes | str) -> list[str]:
+    """Every line of a whole log, prefixed (a final line without a line end included)."""
+    splitter = LineSplitter(prefix)
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    return splitter.feed(data) + splitter.flush()
+
+
+class _Output:
+    """Whole lines to one stream from many threads."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def lines(self, lines: Iterable[str]) -> None:
+        with self._lock:
+            for line in lines:
+                self._stream.write(line + "\n")
+            self._stream.flush()
+
+
+# --------------------------------------------------------------------------- Kubernetes side
+
+
+def _load_config(kubeconfig: str | None) -> tuple[Any, str]:
+    """Loads the client configuration; returns ``(ApiClient, default namespace)``."""
+    from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
+
+    try:
+        config.load_kube_config(config_file=kubeconfig)
+        _, active = config.list_kube_config_contexts(config_file=kubeconfig)
+        namespace = ((active or {}).get("context") or {}).get("namespace") or "default"
+    except (ConfigException, OSError) as err:
+        if kubeconfig:
+            raise LogsError(f"cannot load kubeconfig {kubeconfig}: {err}") from None
+        try:
+            config.load_incluster_config()
+        except ConfigException:
+            raise LogsError(
+                f"no Kubernetes configuration: {err}; pass --kubeconfig PATH or set KUBECONFIG"
+            ) from None
+        try:
+            with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace", encoding="utf-8") as f:
+                namespace = f.read().strip() or "default"
+        except OSError:
+            namespace = "default"
+    return client.ApiClient(), namespace
+
+
+def _api_error(err: Any, what: str) -> LogsError:
+    if err.status in (401, 403):
+        return LogsError(f"{what}: not allowed ({err.status} {err.reason}); check your credentials and RBAC")
+    return LogsError(f"{what}: {err.status} {err.reason}")
+
+
+def _get_job(api_client: Any, namespace: str, job: str) -> dict[str, Any]:
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    try:
+        return client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, job
+        )
+    except ApiException as err:
+        if err.status == 404:
+            raise LogsError(
+                f"spmdjob {job} not found in namespace {namespace} (kubectl get spmdjobs -n {namespace})"
+            ) from None
+        raise _api_error(err, f"reading spmdjob {job}") from None
+
+
+def _list_pods(api_client: Any, namespace: str, job: str) -> list[dict[str, Any]]:
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    try:
+        resp = client.CoreV1Api(api_client).list_namespaced_pod(
+            namespace, label_selector=f"{JOB_LABEL}={job}", _preload_content=False
+        )
+    except ApiException as err:
+        raise _api_error(err, f"listing the pods of spmdjob {job}") from None
+    return list(json.loads(resp.data).get("items") or [])
+
+
+def _pod_name(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("name"))
+
+
+def _read_log(api_client: Any, namespace: str, pod: str, container: str, tail: int | None) -> bytes | None:
+    """A pod's whole log, or None when its container has not started (or the pod is gone)."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    kwargs: dict[str, Any] = {"container": container, "_preload_content": False}
+    if tail is not None:
+        kwargs["tail_lines"] = tail
+    try:
+        return client.CoreV1Api(api_client).read_namespaced_pod_log(pod, namespace, **kwargs).data
+    except ApiException as err:
+        if err.status in (400, 404):
+            return None
+        raise _api_error(err, f"reading the log of pod {pod}") from None
+
+
+def _follow_pod(
+    api_client: Any,
+    namespace: str,
+    pod: str,
+    container: str,
+    rank: int,
+    tail: int | None,
+    out: _Output,
+    errors: list[str],
+) -> None:
+    """Streams one pod's log to ``out`` until its container ends (waits while it has not started)."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    api = client.CoreV1Api(api_client)
+    kwargs: dict[str, Any] = {"container": container, "follow": True, "_preload_content": False}
+    if tail is not None:
+        kwargs["tail_lines"] = tail
+    while True:
+        try:
+            resp = api.read_namespaced_pod_log(pod, namespace, **kwargs)
+            break
+        except ApiException as err:
+            if err.status == 400:  # ContainerCreating / Pending: no log to stream yet
+                time.sleep(POLL_SECONDS)
+                continue
+            if err.status == 404:
+                errors.append(f"rank {rank}: pod {pod} was deleted")
+                return
+            errors.append(str(_api_error(err, f"rank {rank}: streaming the log of pod {pod}")))
+            return
+        except Exception as err:  # noqa: BLE001 - a thread must report, not die silently
+            errors.append(f"rank {rank}: streaming the log of pod {pod}: {err}")
+            return
+    splitter = LineSplitter(rank_prefix(rank))
+    try:
+        for chunk in resp.stream(4096, decode_content=True):
+            out.lines(splitter.feed(chunk))
+    except Exception as err:  # noqa: BLE001
+        errors.append(f"rank {rank}: the log stream of pod {pod} broke: {err}")
+    finally:
+        out.lines(splitter.flush())
+        resp.release_conn()
+
+
+def run(opts: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> int:
+    """Prints the logs the parsed options ask for; returns the exit code.
+
+    Raises:
+        LogsError: job not found, no pods (without --follow), ranks or restart that do not exist.
+    """
+    api_client, default_ns = _load_config(opts.kubeconfig)
+    namespace = opts.namespace or default_ns
+    job = _get_job(api_client, namespace, opts.job)
+    restart = opts.restart if opts.restart is not None else current_restart(job)
+
+    waited = False
+    while True:
+        try:
+            selected = select_pods(_list_pods(api_client, namespace, opts.job), opts.job, restart, opts.ranks)
+            break
+        except NoPodsYet:
+            if not opts.follow:
+                raise
+            if not waited:
+                stderr.write(f"{_PROG}: spmdjob {opts.job} has no pods yet; waiting for them\n")
+                stderr.flush()
+                waited = True
+            time.sleep(POLL_SECONDS)
+
+    out = _Output(stdout)
+    if not opts.follow:
+        for rank, pod in selected:
+            data = _read_log(api_client, namespace, _pod_name(pod), opts.container, opts.tail)
+            if data is None:
+                phase = (pod.get("status") or {}).get("phase", "unknown")
+                stderr.write(f"{_PROG}: rank {rank}: pod {_pod_name(pod)} has no log yet (phase {phase})\n")
+                continue
+            out.lines(prefix_lines(rank_prefix(rank), data))
+        return 0
+
+    errors: list[str] = []
+    threads = [
+        threading.Thread(
+            target=_follow_pod,
+            args=(api_client, namespace, _pod_name(pod), opts.container, rank, opts.tail, out, errors),
+            name=f"logs-rank-{rank}",
+            daemon=True,
+        )
+        for rank, pod in selected
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        while t.is_alive():
+            t.join(0.5)  # a timed join keeps Ctrl-C deliverable
+    for message in errors:
+        stderr.write(f"{_PROG}: {message}\n")
+    return 1 if errors else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``monarch-spmd logs`` (``argv`` without the ``logs`` word); returns the exit code."""
+    opts = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return run(opts, sys.stdout, sys.stderr)
+    except LogsError as err:
+        sys.stderr.write(f"{_PROG}: error: {err}\n")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except ImportError as err:
+        sys.stderr.write(
+            f"{_PROG}: error: {err.name or err} is not installed; pip install 'monarch-spmd[cli]'\n"
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

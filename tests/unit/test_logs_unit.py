@@ -1,0 +1,177 @@
+"""Unit tests of `monarch-spmd logs`' pure parts: arguments, pod selection, line splitting."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from monarch_spmd import logs
+
+
+def pod(name: str, job: str, rank: int, restart: int, phase: str = "Running") -> dict:
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {logs.JOB_LABEL: job, logs.RANK_LABEL: str(rank), logs.RESTART_LABEL: str(restart)},
+        },
+        "status": {"phase": phase},
+    }
+
+
+PODS = [pod(f"hello-r0-{r}", "hello", r, 0, "Failed") for r in (3, 1, 0, 2)] + [
+    pod(f"hello-r1-{r}", "hello", r, 1) for r in (1, 0, 3, 2)
+] + [pod("other-r1-0", "other", 0, 1)]
+
+
+def names(selected):
+    return [(rank, p["metadata"]["name"]) for rank, p in selected]
+
+
+def test_import_stays_stdlib_only():
+    code = "import sys, monarch_spmd.logs; print(sorted(m for m in ('kubernetes', 'yaml') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("3", [3]), ("0,2", [0, 2]), ("4-7", [4, 5, 6, 7]), ("0, 4-5", [0, 4, 5]), ("2-2", [2])],
+)
+def test_parse_ranks(text, expected):
+    assert logs.parse_ranks(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "a", "-1", "3-1", "1-", "1,,2"])
+def test_parse_ranks_rejects(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="rank"):
+        logs.parse_ranks(text)
+
+
+def test_parse_args_merges_rank_options():
+    opts = logs.parse_args(["hello", "-n", "team-a", "--rank", "3", "-r", "0-1", "--rank", "1", "-f", "--restart", "2"])
+    assert (opts.job, opts.namespace, opts.ranks, opts.follow, opts.restart) == ("hello", "team-a", [0, 1, 3], True, 2)
+    assert opts.container == "trainer"
+    defaults = logs.parse_args(["hello"])
+    assert (defaults.ranks, defaults.follow, defaults.restart, defaults.namespace) == (None, False, None, None)
+
+
+@pytest.mark.parametrize("argv", [[], ["hello", "--restart", "-1"], ["hello", "--rank", "x"], ["hello", "--tail", "no"]])
+def test_parse_args_rejects(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        logs.parse_args(argv)
+    assert exc.value.code == 2
+    assert "monarch-spmd logs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "job, expected",
+    [
+        ({"status": {"restarts": 2}}, 2),
+        ({"status": {}}, 0),
+        ({}, 0),
+        ({"status": None}, 0),
+        ({"status": {"restarts": True}}, 0),
+        ({"status": {"restarts": -1}}, 0),
+    ],
+)
+def test_current_restart(job, expected):
+    assert logs.current_restart(job) == expected
+
+
+def test_select_pods_keeps_one_attempt_in_rank_order():
+    assert names(logs.select_pods(PODS, "hello", 1)) == [(r, f"hello-r1-{r}") for r in range(4)]
+    assert names(logs.select_pods(PODS, "hello", 0)) == [(r, f"hello-r0-{r}") for r in range(4)]
+
+
+def test_select_pods_filters_ranks():
+    assert names(logs.select_pods(PODS, "hello", 1, [3, 0])) == [(0, "hello-r1-0"), (3, "hello-r1-3")]
+
+
+def test_select_pods_ignores_other_jobs():
+    assert names(logs.select_pods(PODS, "other", 1)) == [(0, "other-r1-0")]
+
+
+def test_select_pods_no_pods_yet():
+    with pytest.raises(logs.NoPodsYet, match="spmdjob fresh has no pods yet"):
+        logs.select_pods(PODS, "fresh", 0)
+
+
+def test_select_pods_unknown_restart_names_existing_ones():
+    with pytest.raises(logs.LogsError, match=r"no pods of restart 5; pods exist for restart\(s\) 0, 1") as exc:
+        logs.select_pods(PODS, "hello", 5)
+    assert not isinstance(exc.value, logs.NoPodsYet)
+
+
+def test_select_pods_unknown_rank_names_existing_ones():
+    with pytest.raises(logs.LogsError, match=r"no pod for rank\(s\) 7, 9; it has rank\(s\) 0-3"):
+        logs.select_pods(PODS, "hello", 1, [0, 7, 9])
+
+
+def test_rank_prefix():
+    assert logs.rank_prefix(12) == "[rank 12] "
+
+
+def test_line_splitter_joins_lines_split_across_chunks():
+    s = logs.LineSplitter("[rank 1] ")
+    assert s.feed(b"hel") == []
+    assert s.feed(b"lo\nwor") == ["[rank 1] hello"]
+    assert s.feed(b"ld\r\n\nend") == ["[rank 1] world", "[rank 1] "]
+    assert s.flush() == ["[rank 1] end"]
+    assert s.flush() == []
+
+
+def test_line_splitter_keeps_utf8_split_mid_character():
+    data = "naïve ✓\n".encode()
+    s = logs.LineSplitter("")
+    out = []
+    for i in range(len(data)):
+        out += s.feed(data[i : i + 1])
+    assert out == ["naïve ✓"]
+
+
+def test_line_splitter_replaces_undecodable_bytes():
+    assert logs.prefix_lines("[rank 0] ", b"ok \xff\n") == ["[rank 0] ok \ufffd"]
+
+
+def test_prefix_lines_whole_log():
+    assert logs.prefix_lines("[rank 2] ", "a\nb\n") == ["[rank 2] a", "[rank 2] b"]
+    assert logs.prefix_lines("[rank 2] ", "a\nno newline") == ["[rank 2] a", "[rank 2] no newline"]
+    assert logs.prefix_lines("[rank 2] ", b"") == []
+
+
+def test_output_from_many_threads_keeps_lines_whole():
+    stream = io.StringIO()
+    out = logs._Output(stream)
+
+    def writer(rank: int) -> None:
+        splitter = logs.LineSplitter(logs.rank_prefix(rank))
+        for i in range(200):
+            # Chunks that cut lines in two, as a log stream does.
+            out.lines(splitter.feed(f"line {i} of rank {rank}\nline".encode()))
+            out.lines(splitter.feed(f" {i}b of rank {rank}\n".encode()))
+
+    threads = [threading.Thread(target=writer, args=(r,)) for r in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 4 * 200 * 2
+    for rank in range(4):
+        mine = [l for l in lines if l.startswith(f"[rank {rank}] ")]
+        expected = []
+        for i in range(200):
+            expected += [f"[rank {rank}] line {i} of rank {rank}", f"[rank {rank}] line {i}b of rank {rank}"]
+        assert mine == expected
+
+
+def test_main_reports_missing_kubeconfig(tmp_path, capsys):
+    missing = tmp_path / "nope.yaml"
+    assert logs.main(["hello", "--kubeconfig", str(missing)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("monarch-spmd logs: error: cannot load kubeconfig") and str(missing) in err
