@@ -1,0 +1,190 @@
+"""The whole test cluster as one object: control plane, process nodes, kwok nodes, operator.
+
+Top of the test cluster (tests/cluster/): used by the session fixture in tests/conftest.py and by
+`python -m tests.cluster up`. Order of start: pod bridge (its gateway goes into the API server's
+certificate), control plane, process node agent, kwok nodes, and the operator if asked for; stop
+runs the other way round and leaves no process, network namespace or bridge behind.
+
+    with LocalCluster(Path("/tmp/c"), kwok_nodes=4) as cluster:
+        cluster.kubectl("get", "nodes")
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Final
+
+from kubernetes import client, config
+
+from tests.cluster.binaries import ensure_binaries
+from tests.cluster.controlplane import ControlPlane, die_with_parent, stop_process_group
+from tests.cluster.kwoknodes import KwokNodes
+from tests.cluster.nodeagent import NodeAgent
+from tests.cluster.podnetwork import Bridge
+
+REPO_ROOT: Final = Path(__file__).resolve().parents[2]
+PROCESS_NODE: Final = "proc-node-0"
+
+
+class LocalCluster:
+    """A real control plane with process nodes and kwok nodes, on this machine.
+
+    Args:
+        state_dir: a folder of its own for everything the cluster writes (logs included).
+        kwok_nodes: how many simulated kwok nodes (0: none, and kwok is not started).
+        process_nodes: names of the nodes whose pods run as local processes.
+        gpus: `nvidia.com/gpu` capacity of each process node.
+        operator: also run the SPMDJob operator (`python -m spmd_operator --all-namespaces`).
+        bin_dir: the binaries' folder (default: binaries.ensure_binaries(), building once).
+
+    Attributes:
+        kubeconfig: admin kubeconfig for kubectl, helm and the Python client.
+        env: environment for subprocesses: KUBECONFIG set, the built binaries first on PATH.
+        bin_dir, state_dir, control_plane, agent, kwok, operator_process.
+        logs_dir: container logs, <logs_dir>/<namespace>/<pod>/<container>.log.
+        start_seconds: how long start() took.
+    """
+
+    def __init__(self, state_dir: Path, *, kwok_nodes: int = 4,
+                 process_nodes: tuple[str, ...] = (PROCESS_NODE,), gpus: int = 0,
+                 operator: bool = False, bin_dir: Path | None = None) -> None:
+        self.state_dir = Path(state_dir)
+        self.kwok_count, self.process_nodes, self.gpus = kwok_nodes, process_nodes, gpus
+        self.with_operator = operator
+        self.bin_dir = Path(bin_dir) if bin_dir else None
+        self.kubeconfig = self.state_dir / "kubeconfig"
+        self.logs_dir = self.state_dir / "logs"
+        self.env: dict[str, str] = {}
+        self.bridge: Bridge | None = None
+        self.control_plane: ControlPlane | None = None
+        self.agent: NodeAgent | None = None
+        self.kwok: KwokNodes | None = None
+        self.operator_process: subprocess.Popen | None = None
+        self.start_seconds = 0.0
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        began = time.monotonic()
+        self.bin_dir = self.bin_dir or ensure_binaries()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.bridge = Bridge.create()
+            (self.state_dir / "bridge").write_text(self.bridge.name)
+            self.control_plane = ControlPlane(self.bin_dir, self.state_dir,
+                                              extra_ips=[self.bridge.gateway])
+            self.control_plane.start()
+            self.env = {**os.environ, "KUBECONFIG": str(self.kubeconfig),
+                        "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+            certs = self.control_plane.certs
+            self.agent = NodeAgent(self.kubeconfig, self.bridge, self.state_dir,
+                                   self.control_plane.api_port, node_names=self.process_nodes,
+                                   gpus=self.gpus, tls=(certs.serving_crt, certs.serving_key))
+            self.agent.start()
+            if self.kwok_count:
+                self.kwok = KwokNodes(self.bin_dir, self.kubeconfig, self.state_dir,
+                                      self.kwok_count)
+                self.kwok.start()
+            self.wait_for_nodes()
+            if self.with_operator:
+                self.start_operator()
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - began
+
+    def stop(self) -> None:
+        """Stop everything started, newest first; safe to call more than once."""
+        self.stop_operator()
+        if self.agent:
+            self.agent.stop()
+            self.agent = None
+        if self.kwok:
+            self.kwok.stop()
+            self.kwok = None
+        if self.control_plane:
+            self.control_plane.stop()
+            self.control_plane = None
+        if self.bridge:
+            self.bridge.destroy()
+            self.bridge = None
+
+    # --- the operator (hook for end-to-end tests; they may stop and restart it) ---------------
+
+    def start_operator(self, *args: str) -> subprocess.Popen:
+        """Run `python -m spmd_operator --all-namespaces *args`, logging to operator.log."""
+        self.stop_operator()
+        env = {**self.env, "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(REPO_ROOT / "operator"), str(REPO_ROOT),
+                          self.env.get("PYTHONPATH", "")]))}
+        with open(self.state_dir / "operator.log", "ab") as log:
+            self.operator_process = subprocess.Popen(
+                [sys.executable, "-m", "spmd_operator", "--all-namespaces", *args],
+                env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)
+        return self.operator_process
+
+    def stop_operator(self, grace: float = 10.0) -> None:
+        if self.operator_process is not None:
+            stop_process_group(self.operator_process, grace)
+            self.operator_process = None
+
+    # --- helpers for tests ---------------------------------------------------------------------
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
+                timeout: float = 60) -> subprocess.CompletedProcess:
+        """Run the built kubectl against this cluster; stdout and stderr are captured text."""
+        result = subprocess.run([str(self.bin_dir / "kubectl"), *args], env=self.env,
+                                input=input, capture_output=True, text=True, timeout=timeout)
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}):\n"
+                                 f"{result.stdout}{result.stderr}")
+        return result
+
+    def api_client(self) -> client.ApiClient:
+        """A new Python client for this cluster."""
+        return config.new_client_from_config(str(self.kubeconfig))
+
+    def pod_log(self, namespace: str, pod: str, container: str | None = None) -> str:
+        """What a process-node pod's container wrote (stdout and stderr), '' if nothing yet.
+
+        `container` may be left out when the pod has one container. `kubectl logs` gives the
+        same text.
+        """
+        folder = self.logs_dir / namespace / pod
+        if container is None:
+            files = sorted(folder.glob("*.log"))
+            if len(files) > 1:
+                raise ValueError(f"pod {namespace}/{pod} has several containers: name one")
+            return files[0].read_text(errors="replace") if files else ""
+        path = folder / f"{container}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def wait_for_nodes(self, timeout: float = 60.0) -> None:
+        """Wait until every process and kwok node is Ready."""
+        names = list(self.process_nodes) + (self.kwok.names if self.kwok else [])
+        core = client.CoreV1Api(self.api_client())
+        deadline = time.monotonic() + timeout
+        while True:
+            ready = {n.metadata.name for n in core.list_node().items
+                     if any(c.type == "Ready" and c.status == "True"
+                            for c in n.status.conditions or [])}
+            if ready >= set(names):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nodes not Ready: {sorted(set(names) - ready)}")
+            time.sleep(0.2)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kubeconfig": str(self.kubeconfig), "state_dir": str(self.state_dir),
+                "bin_dir": str(self.bin_dir), "bridge": self.bridge.name if self.bridge else None,
+                "start_seconds": round(self.start_seconds, 2)}
