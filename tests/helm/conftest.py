@@ -1,0 +1,58 @@
+"""Fixtures for the Helm chart tests: the real helm binary (built once per machine by
+tests/cluster/build-binaries.sh, like the test cluster's other binaries) and a renderer."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "monarch-spmd"
+#: The test cluster's Kubernetes version; helm built from source assumes v1.20 without it.
+KUBE_VERSION = "v1.34.4"
+
+
+def _binaries_module():
+    spec = importlib.util.spec_from_file_location("_spmd_test_binaries", ROOT / "tests/cluster/binaries.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def bin_dir() -> Path:
+    """The folder with helm and kubectl (built on first use, cached under ~/.cache)."""
+    return _binaries_module().ensure_binaries()
+
+
+@pytest.fixture(scope="session")
+def helm(bin_dir: Path) -> Callable[..., subprocess.CompletedProcess]:
+    """Runs the real helm binary; returns the completed process (never raises on failure)."""
+
+    def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(bin_dir / "helm"), *args], capture_output=True, text=True, timeout=timeout, check=False
+        )
+
+    return run
+
+
+Rendered = list[dict[str, Any]]
+
+
+@pytest.fixture(scope="session")
+def render(helm) -> Callable[..., Rendered]:
+    """`helm template` of the chart; returns the objects, or fails the test with helm's message."""
+
+    def run(*args: str, release: str = "spmd", namespace: str = "ops") -> Rendered:
+        result = helm("template", release, str(CHART), "-n", namespace, "--kube-version", KUBE_VERSION, *args)
+        assert result.returncode == 0, result.stderr
+        return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+    return run

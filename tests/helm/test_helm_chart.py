@@ -1,0 +1,344 @@
+"""The Helm chart with the real helm binary, no cluster: lint, rendering with default, GPU and
+namespaced values, the exact RBAC, the operator's security context and probes, values.schema.json
+refusing bad values, and the CRD copy matching its single source."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+import yaml
+
+from conftest import CHART, KUBE_VERSION, ROOT
+from helm_support import by_kind, is_test_hook, one
+
+NAMESPACED_RULES = [
+    {"apiGroups": ["spmd.monarch.dev"], "resources": ["spmdjobs"], "verbs": ["get", "list", "watch", "patch", "update", "delete"]},
+    {"apiGroups": ["spmd.monarch.dev"], "resources": ["spmdjobs/status"], "verbs": ["get", "patch", "update"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
+    {"apiGroups": [""], "resources": ["services", "configmaps"], "verbs": ["get", "list", "watch", "create", "delete"]},
+    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+]
+CRD_RULE = {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["get", "list", "watch"]}
+NAMESPACES_RULE = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}
+DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def operator_container(objects):
+    deployment = one(objects, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return deployment, container
+
+
+@pytest.mark.parametrize(
+    "args",
+    [[], ["-f", str(CHART / "values-gpu.yaml")], ["--set", "watchNamespaces={team-a,team-b}"]],
+    ids=["default", "gpu", "namespaced"],
+)
+def test_lint_strict(helm, args):
+    result = helm("lint", "--strict", str(CHART), *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+    assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout
+
+
+def test_default_render_objects(render):
+    objects = render()
+    release = sorted((o["kind"], o["metadata"]["name"]) for o in objects if not is_test_hook(o))
+    assert release == [
+        ("ClusterRole", "spmd-monarch-spmd"),
+        ("ClusterRoleBinding", "spmd-monarch-spmd"),
+        ("Deployment", "spmd-monarch-spmd"),
+        ("ServiceAccount", "spmd-monarch-spmd"),
+    ]
+    hooks = sorted((o["kind"], o["metadata"]["name"]) for o in objects if is_test_hook(o))
+    assert hooks == [
+        ("Pod", "spmd-monarch-spmd-test"),
+        ("Role", "spmd-monarch-spmd-test"),
+        ("RoleBinding", "spmd-monarch-spmd-test"),
+        ("SPMDJob", "test-spmd-monarch-spmd"),
+        ("ServiceAccount", "spmd-monarch-spmd-test"),
+    ]
+    # No leftovers of the `helm create` skeleton.
+    assert not {o["kind"] for o in objects} & {"Ingress", "HorizontalPodAutoscaler", "Service"}
+    for obj in objects:
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/instance"] == "spmd"
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+            assert obj["metadata"]["namespace"] == "ops"
+
+
+def test_cluster_wide_rbac_is_exactly_what_the_operator_uses(render):
+    objects = render()
+    role = one(objects, "ClusterRole", "spmd-monarch-spmd")
+    assert role["rules"] == [CRD_RULE, NAMESPACES_RULE, *NAMESPACED_RULES]
+    binding = one(objects, "ClusterRoleBinding")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "spmd-monarch-spmd"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "spmd-monarch-spmd", "namespace": "ops"}]
+    assert not [o for o in by_kind(objects, "Role") if not is_test_hook(o)]
+
+
+def test_every_rbac_rule_says_who_needs_it():
+    text = (CHART / "templates/rbac.yaml").read_text()
+    lines = text.splitlines()
+    rule_starts = [i for i, line in enumerate(lines) if line.lstrip().startswith("- apiGroups:")]
+    assert len(rule_starts) == len(NAMESPACED_RULES) + 2
+    for i in rule_starts:
+        assert re.match(r"\s*# (app|framework): \S", lines[i - 1]), f"rbac.yaml line {i + 1} has no comment above"
+
+
+def test_namespaced_mode(render):
+    objects = render("--set", "watchNamespaces={team-a,team-b}")
+    _, container = operator_container(objects)
+    assert container["command"] == ["python", "-m", "spmd_operator"]
+    assert container["args"] == ["--namespace=team-a", "--namespace=team-b"]
+    cluster_role = one(objects, "ClusterRole")
+    assert cluster_role["rules"] == [CRD_RULE]
+    roles = [o for o in by_kind(objects, "Role") if not is_test_hook(o)]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    for role in roles:
+        assert role["rules"] == NAMESPACED_RULES
+    bindings = [o for o in by_kind(objects, "RoleBinding") if not is_test_hook(o)]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    for binding in bindings:
+        assert binding["roleRef"]["kind"] == "Role"
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "spmd-monarch-spmd", "namespace": "ops"}]
+
+
+def test_rbac_and_service_account_can_be_brought_by_the_user(render):
+    objects = render("--set", "rbac.create=false", "--set", "serviceAccount.create=false", "--set", "serviceAccount.name=my-operator")
+    assert not [o for o in objects if not is_test_hook(o) and o["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount")]
+    deployment, _ = operator_container(objects)
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "my-operator"
+
+
+def test_operator_deployment_defaults(render):
+    deployment, container = operator_container(render())
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    assert container["command"] == ["python", "-m", "spmd_operator"]
+    assert container["args"] == ["--all-namespaces"]
+    assert container["image"] == "monarch-spmd/operator:0.1.0"
+    assert container["imagePullPolicy"] == "IfNotPresent"
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == "spmd-monarch-spmd"
+    assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+    assert container["resources"]["requests"] == {"cpu": "50m", "memory": "128Mi"}
+    assert set(container["resources"]["limits"]) == {"cpu", "memory"}
+
+
+def test_operator_security_context(render):
+    deployment, container = operator_container(render())
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = container["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 65532
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    # A read-only root still gets a writable /tmp.
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    assert any(v["name"] == "tmp" and "emptyDir" in v for v in pod["volumes"])
+
+
+def test_operator_probes_hit_kopf_health_endpoint(render):
+    _, container = operator_container(render())
+    assert container["ports"] == [{"name": "health", "containerPort": 8080, "protocol": "TCP"}]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+        assert container[probe]["periodSeconds"] >= 1
+
+
+def test_operator_placement_values(render):
+    deployment, _ = operator_container(
+        render(
+            "--set", "nodeSelector.pool=system",
+            "--set", "tolerations[0].key=dedicated,tolerations[0].operator=Exists,tolerations[0].effect=NoSchedule",
+            "--set", "priorityClassName=system-cluster-critical",
+        )
+    )
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "system"}
+    assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["priorityClassName"] == "system-cluster-critical"
+
+
+def test_test_hook_runs_a_tiny_cpu_allreduce(render):
+    objects = render()
+    job = one(objects, "SPMDJob")
+    assert job["apiVersion"] == "spmd.monarch.dev/v1alpha1"
+    assert job["spec"]["mesh"] == [{"name": "procs", "size": 2}]
+    assert job["spec"]["args"] == ["-m", "monarch_spmd.examples.allreduce"]
+    assert job["spec"]["image"] == "monarch-spmd/worker-cpu:0.1.0"
+    assert job["spec"]["gpusPerProc"] == 0
+    assert "template" not in job["spec"]
+    pod = one(objects, "Pod")
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"]["serviceAccountName"] == "spmd-monarch-spmd-test"
+    (container,) = pod["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["SPMD_TEST_JOB"] == job["metadata"]["name"] and env["SPMD_TEST_NAMESPACE"] == "ops"
+    compile(container["args"][0], "helm-test", "exec")
+    # The waiting pod may only read that one SPMDJob.
+    role = one([o for o in objects if is_test_hook(o)], "Role")
+    assert role["rules"] == [
+        {"apiGroups": ["spmd.monarch.dev"], "resources": ["spmdjobs"], "resourceNames": [job["metadata"]["name"]], "verbs": ["get"]}
+    ]
+    # Helm creates the RBAC first, then the job, then the waiting pod.
+    weight = {o["kind"]: int(o["metadata"]["annotations"]["helm.sh/hook-weight"]) for o in objects if is_test_hook(o)}
+    assert weight["Role"] < weight["SPMDJob"] < weight["Pod"]
+
+
+def test_tests_can_be_disabled(render):
+    assert not [o for o in render("--set", "tests.enabled=false") if is_test_hook(o)]
+
+
+def test_gpu_values(render):
+    objects = render("-f", str(CHART / "values-gpu.yaml"))
+    job = one(objects, "SPMDJob")
+    spec = job["spec"]
+    assert spec["gpusPerProc"] == 1
+    assert spec["image"] == "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
+    assert spec["args"] == ["/opt/spmd-test/main.py"]
+    pod = spec["template"]["spec"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    (trainer,) = pod["containers"]
+    assert trainer["name"] == "trainer"
+    assert trainer["volumeMounts"] == [{"name": "spmd-test", "mountPath": "/opt/spmd-test", "readOnly": True}]
+    configmap = one(objects, "ConfigMap")
+    assert is_test_hook(configmap)
+    assert pod["volumes"] == [{"name": "spmd-test", "configMap": {"name": configmap["metadata"]["name"]}}]
+    source = configmap["data"]["main.py"]
+    compile(source, "main.py", "exec")
+    assert 'init_process_group("nccl")' in source
+    # The operator itself stays off GPU nodes and keeps its security context.
+    deployment, container = operator_container(objects)
+    assert deployment["spec"]["template"]["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert "tolerations" not in deployment["spec"]["template"]["spec"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+@pytest.mark.parametrize("release", ["x" * 53, "9lives", "a-release-name-that-is-rather-long-for-a-cluster"])
+def test_names_stay_valid_for_long_and_odd_release_names(render, release):
+    objects = render(release=release)
+    for obj in objects:
+        name = obj["metadata"]["name"]
+        assert len(name) <= 63 and DNS_1123_LABEL.match(name), name
+    job_name = one(objects, "SPMDJob")["metadata"]["name"]
+    assert len(job_name) <= 50 and DNS_1035_LABEL.match(job_name), job_name
+    for obj in objects:
+        for value in obj["metadata"]["labels"].values():
+            assert len(value) <= 63
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--set", "replicaCount=-1"], "/replicaCount"),
+        (["--set", "replicaCount=2"], "/replicaCount"),
+        (["--set", "image.pullPolicy=Sometimes"], "/image/pullPolicy"),
+        (["--set", "image.repository=Not A Repo"], "/image/repository"),
+        (["--set", "watchNamespaces={Team_A}"], "/watchNamespaces/0"),
+        (["--set", "watchNamespaces={a,a}"], "/watchNamespaces"),
+        (["--set", "podSecurityContext.runAsNonRoot=false"], "/podSecurityContext/runAsNonRoot"),
+        (["--set", "securityContext.allowPrivilegeEscalation=true"], "/securityContext/allowPrivilegeEscalation"),
+        (["--set", "securityContext.capabilities.add={NET_ADMIN}"], "/securityContext/capabilities/add"),
+        (["--set", "healthPort=80"], "/healthPort"),
+        (["--set", "resources.requests.cpu=lots"], "/resources/requests/cpu"),
+        (["--set", "extraArgs={--namespace=x}"], "/extraArgs/0"),
+        (["--set", "tests.mesh[0].size=0"], "/tests/mesh/0/size"),
+        (["--set", "tests.gpusPerProc=-1"], "/tests/gpusPerProc"),
+        (["--set", "tests.timeoutSeconds=5"], "/tests/timeoutSeconds"),
+        (["--set", "ingress.enabled=true"], "additional properties 'ingress' not allowed"),
+    ],
+)
+def test_schema_rejects_bad_values(helm, args, message):
+    result = helm("template", "spmd", str(CHART), "--kube-version", KUBE_VERSION, *args)
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("name", ["values.yaml", "values-gpu.yaml"])
+def test_every_value_key_has_a_comment(name):
+    """Each key has a comment line above it, except inside a value block (a commented key whose
+    value is a mapping or list written out as the value, e.g. podSecurityContext)."""
+    lines = (CHART / name).read_text().splitlines()
+    ancestors: list[tuple[int, bool]] = []  # (indent, is a value block)
+    for i, line in enumerate(lines):
+        key = re.match(r"^(\s*)(- )?[A-Za-z][A-Za-z0-9.]*:", line)
+        if not key:
+            continue
+        indent = len(key.group(1))
+        while ancestors and ancestors[-1][0] >= indent:
+            ancestors.pop()
+        if not any(block for _, block in ancestors):
+            assert i and lines[i - 1].strip().startswith("#"), f"{name} line {i + 1} ({line.strip()}) has no comment"
+        following = lines[i + 1].strip() if i + 1 < len(lines) else ""
+        ancestors.append((indent, not following.startswith("#")))
+
+
+def test_schema_requires_and_constrains():
+    import json
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["additionalProperties"] is False
+    assert {"replicaCount", "image", "serviceAccount", "rbac", "tests"} <= set(schema["required"])
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert set(values) <= set(schema["properties"])
+
+
+def test_chart_metadata():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["apiVersion"] == "v2" and chart["name"] == "monarch-spmd" and chart["type"] == "application"
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert chart["appVersion"] == project["version"]
+
+
+def test_crd_copy_matches_single_source():
+    source = ROOT / "crds" / "spmd.monarch.dev_spmdjobs.yaml"
+    copy = CHART / "crds" / "spmd.monarch.dev_spmdjobs.yaml"
+    assert source.is_file(), f"{source} (the CRD's single source) is missing"
+    assert copy.is_file() and copy.read_bytes() == source.read_bytes(), "run scripts/sync-crd.sh"
+    assert [p.name for p in (CHART / "crds").iterdir()] == [source.name]
+    result = subprocess.run(["bash", str(ROOT / "scripts/sync-crd.sh"), "--check"], capture_output=True, text=True)
+    assert result.returncode == 0 and "in sync" in result.stdout
+
+
+def test_crd_upgrade_is_documented():
+    for doc in (CHART / "README.md", CHART / "templates/NOTES.txt"):
+        text = doc.read_text()
+        assert "never" in text.lower() and "kubectl apply --server-side -f" in text, doc
+
+
+def test_kind_e2e_script_parses():
+    result = subprocess.run(["bash", "-n", str(ROOT / "scripts/kind-e2e.sh")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    text = (ROOT / "scripts/kind-e2e.sh").read_text()
+    for step in (
+        "kind create cluster --name \"$CLUSTER\" --config kind-config.yaml",
+        "images/operator.Dockerfile",
+        "images/worker-cpu.Dockerfile",
+        "kind load docker-image",
+        "helm upgrade --install",
+        "examples/$JOB.yaml",
+        "--for=jsonpath='{.status.phase}'=Succeeded",
+        "monarch-spmd logs",
+        "--cleanup",
+    ):
+        assert step in text, step
+
+
+def test_kind_config_has_one_control_plane_and_two_workers():
+    config = yaml.safe_load((ROOT / "kind-config.yaml").read_text())
+    assert config["kind"] == "Cluster" and config["apiVersion"] == "kind.x-k8s.io/v1alpha4"
+    assert [n["role"] for n in config["nodes"]] == ["control-plane", "worker", "worker"]
