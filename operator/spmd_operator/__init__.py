@@ -1,0 +1,9 @@
+"""spmd_operator: the Kubernetes operator (kopf) for SPMDJob, in the folder ``operator/``.
+
+The package is not named ``operator`` because that would shadow Python's standard module.
+Layers, lowest first (a layer never imports a higher one; all may use ``monarch_spmd``)::
+
+    names  ->  builders, lifecycle (pure)  ->  kube (API writes)  ->  handlers (kopf)  ->  __main__
+
+Start it with ``python -m spmd_operator --all-namespaces`` (see ``__main__``).
+"""
