@@ -1,0 +1,318 @@
+"""Operator scale: an N-proc job on kwok nodes, SPMDJob against Kubeflow's PyTorchJob and the floor.
+
+    python -m benchmarks.operator_scale [--sizes 8 64 256 1024] [--actors floor spmdjob pytorchjob]
+        [--kubeconfig PATH] [--trial-timeout 900]
+
+For each N, in one run on one cluster, interleaved (the order of actors rotates with N):
+
+- ``floor``: the same N pods created directly by a parallel client (32 threads, no operator);
+- ``spmdjob``: an SPMDJob with a one-dimensional mesh of N procs, this project's operator;
+- ``pytorchjob``: a PyTorchJob with 1 Master and N-1 Workers, Kubeflow training-operator v1.9.3.
+
+Each trial runs in a fresh namespace with a freshly started controller. Measured, from the moment
+just before the job (or the first floor pod) is submitted: seconds until all N pods exist, until all
+N pods are Running (kwok makes a bound pod Running), and until the job's own status says Running
+(SPMDJob ``status.phase``; PyTorchJob condition ``Running``); the number of API requests the
+controller made for the job, counted at the API server (APF's dispatched-requests counter for the
+controller's own FlowSchema, from submission until its requests stop for 2 s); the controller's
+peak resident memory (VmHWM). Ratios are to the floor (for the job-status phase, to the floor's
+all-Running time). JSON goes to ``benchmarks/out/operator_scale.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import secrets
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from benchmarks import kube
+from benchmarks.cluster import (Cluster, PyTorchJobOperator, SpmdOperator, bench_cluster,
+                                pod_placement)
+from benchmarks.common import machine, machine_line, table, write_json
+
+ACTORS = ("floor", "spmdjob", "pytorchjob")
+IMAGE = "python:3.11-slim"  # never pulled: kwok runs no containers
+JOB = "scale"
+FLOOR_THREADS = 32
+CUSTOM = {
+    "spmdjob": ("spmd.monarch.dev", "v1alpha1", "spmdjobs"),
+    "pytorchjob": ("kubeflow.org", "v1", "pytorchjobs"),
+}
+POD_SELECTOR = {
+    "spmdjob": f"spmd.monarch.dev/job={JOB}",
+    "pytorchjob": f"training.kubeflow.org/job-name={JOB}",
+    "floor": f"spmd-bench/job={JOB}",
+}
+
+
+def spmdjob(ns: str, n: int, max_restarts: int = 3) -> dict:
+    return {
+        "apiVersion": "spmd.monarch.dev/v1alpha1",
+        "kind": "SPMDJob",
+        "metadata": {"name": JOB, "namespace": ns},
+        "spec": {
+            "mesh": [{"name": "procs", "size": n}],
+            "args": ["-m", "benchmarks.first_allreduce", "--out", "/tmp/out"],
+            "image": IMAGE,
+            "restartPolicy": {"maxRestarts": max_restarts},
+            "template": {"spec": pod_placement()},
+        },
+    }
+
+
+def pytorchjob(ns: str, n: int) -> dict:
+    def replica(count: int) -> dict:
+        return {
+            "replicas": count,
+            "restartPolicy": "OnFailure",
+            "template": {"spec": {
+                "containers": [{"name": "pytorch", "image": IMAGE,
+                                "command": ["python", "-m", "benchmarks.first_allreduce", "--out", "/tmp/out"]}],
+                **pod_placement(),
+            }},
+        }
+
+    specs = {"Master": replica(1)}
+    if n > 1:
+        specs["Worker"] = replica(n - 1)
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": JOB, "namespace": ns},
+        "spec": {"pytorchReplicaSpecs": specs},
+    }
+
+
+def floor_pod(ns: str, i: int) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"{JOB}-{i}", "namespace": ns,
+                     "labels": {"spmd-bench/job": JOB, "spmd-bench/rank": str(i)}},
+        "spec": {
+            "containers": [{"name": "trainer", "image": IMAGE,
+                            "command": ["python", "-m", "benchmarks.first_allreduce", "--out", "/tmp/out"]}],
+            "restartPolicy": "Never",
+            **pod_placement(),
+        },
+    }
+
+
+def job_running(actor: str, obj: dict) -> bool:
+    status = obj.get("status") or {}
+    if actor == "spmdjob":
+        return status.get("phase") == "Running"
+    if actor == "pytorchjob":
+        return any(c.get("type") == "Running" and c.get("status") == "True"
+                   for c in status.get("conditions") or [])
+    return False
+
+
+class JobTimes:
+    def __init__(self, actor: str, pods: kube.PodTimes) -> None:
+        self.actor, self.pods = actor, pods
+        self.running_at: float | None = None
+        self.last: dict = {}
+
+    def on_event(self, obj: dict, t: float) -> None:
+        with self.pods.changed:
+            self.last = obj
+            if self.running_at is None and job_running(self.actor, obj):
+                self.running_at = t
+            self.pods.changed.notify_all()
+
+
+def controller_for(actor: str, cluster: Cluster, log_dir: Path):
+    if actor == "spmdjob":
+        return SpmdOperator(cluster, log_dir)
+    if actor == "pytorchjob":
+        return PyTorchJobOperator(cluster, log_dir)
+    return None
+
+
+def trial(cluster: Cluster, actor: str, n: int, timeout: float, log_dir: Path) -> dict:
+    """One job of N pods by one actor in a fresh namespace; returns its record."""
+    admin = cluster.admin
+    ns = f"bench-{actor}-{n}-{secrets.token_hex(3)}"
+    rec: dict = {"actor": actor, "procs": n, "namespace": ns, "ok": False}
+    admin.create("/api/v1/namespaces", {"metadata": {"name": ns}})
+    ctl = controller_for(actor, cluster, log_dir / ns)
+    ident = ctl.ident if ctl else cluster.identity("floor")
+    watchers: list[kube.Watcher] = []
+    try:
+        if ctl:
+            ctl.start()
+            rec["controller_ready_s"] = ctl.ready_s
+        pods = kube.PodTimes()
+        jt = JobTimes(actor, pods)
+        watchers.append(kube.Watcher(admin, f"/api/v1/namespaces/{ns}/pods", pods.on_event,
+                                     {"labelSelector": POD_SELECTOR[actor]}))
+        if actor in CUSTOM:
+            g, v, p = CUSTOM[actor]
+            watchers.append(kube.Watcher(admin, f"/apis/{g}/{v}/namespaces/{ns}/{p}", jt.on_event))
+        for w in watchers:
+            w.start()
+        for w in watchers:
+            w.ready.wait(30)
+            if w.error:
+                raise w.error
+        before = kube.requests_of(admin, ident)
+
+        t0 = time.time()
+        deadline = time.monotonic() + timeout
+        if actor == "floor":
+            client = kube.Kube(ident.kubeconfig, pool=FLOOR_THREADS)
+            with cf.ThreadPoolExecutor(FLOOR_THREADS) as pool:
+                list(pool.map(lambda i: client.create(f"/api/v1/namespaces/{ns}/pods", floor_pod(ns, i)),
+                              range(n)))
+            rec["submit_s"] = time.time() - t0
+        else:
+            g, v, p = CUSTOM[actor]
+            body = spmdjob(ns, n) if actor == "spmdjob" else pytorchjob(ns, n)
+            kube.Kube(ident.kubeconfig if actor == "floor" else cluster.kubeconfig).create(
+                f"/apis/{g}/{v}/namespaces/{ns}/{p}", body)
+            rec["submit_s"] = time.time() - t0
+
+        ok_created = pods.wait(lambda: len(pods.created) >= n, deadline)
+        ok_running = ok_created and pods.wait(lambda: len(pods.running) >= n, deadline)
+        ok_phase = True
+        if actor != "floor":
+            ok_phase = pods.wait(lambda: jt.running_at is not None, deadline)
+        if ctl:
+            ctl.check_alive()
+        with pods.changed:
+            if ok_created:
+                rec["created_s"] = sorted(pods.created.values())[n - 1] - t0
+            if ok_running:
+                rec["running_s"] = sorted(pods.running.values())[n - 1] - t0
+            if actor != "floor" and jt.running_at is not None:
+                rec["phase_running_s"] = jt.running_at - t0
+            rec["pods_seen"] = len(pods.created)
+            rec["pods_running"] = len(pods.running)
+        # Count the controller's requests for this job: until they stop for 2 s.
+        after = kube.wait_quiet(admin, ident, quiet=2.0, limit=60.0)
+        rec["api_requests"] = after - before
+        if ctl:
+            rec["peak_rss_mib"] = ctl.peak_rss_mib()
+        rec["ok"] = ok_created and ok_running and ok_phase
+        if not rec["ok"]:
+            rec["error"] = (f"timed out after {timeout:.0f}s: {rec['pods_seen']}/{n} pods seen, "
+                            f"{rec['pods_running']}/{n} Running, job Running: {ok_phase}; "
+                            f"job status: {jt.last.get('status')}")
+    except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+        rec["error"] = f"{type(e).__name__}: {e}"
+        rec["traceback"] = traceback.format_exc()[-3000:]
+    finally:
+        for w in watchers:
+            w.stop()
+        # Delete while the controller still runs (it may hold finalizers), then stop it.
+        rec["cleanup_s"] = kube.delete_namespace(admin, ns, timeout=max(120.0, n * 0.5),
+                                                 strip=tuple(CUSTOM.values()))
+        if ctl:
+            ctl.stop()
+    return rec
+
+
+def summarize(runs: list[dict], sizes: list[int], actors: list[str]) -> list[dict]:
+    rows = []
+    for n in sizes:
+        floor = next((r for r in runs if r["actor"] == "floor" and r["procs"] == n and r["ok"]), None)
+        for a in actors:
+            r = next((x for x in runs if x["actor"] == a and x["procs"] == n), None)
+            if r is None:
+                continue
+            row = {k: r.get(k) for k in ("actor", "procs", "ok", "created_s", "running_s",
+                                           "phase_running_s", "api_requests", "peak_rss_mib", "error")}
+
+            def ratio(key: str, base_key: str | None = None):
+                base = floor.get(base_key or key) if floor else None
+                mine = r.get(key)
+                return (mine / base) if (mine is not None and base) else None
+
+            row["created_vs_floor"] = ratio("created_s")
+            row["running_vs_floor"] = ratio("running_s")
+            row["phase_running_vs_floor"] = ratio("phase_running_s", "running_s")
+            row["requests_vs_floor"] = ratio("api_requests")
+            rows.append(row)
+    return rows
+
+
+def _x(v):
+    return None if v is None else f"{v:.2f}x"
+
+
+def render(result: dict) -> str:
+    m = result["machine"]
+    head = (
+        "Operator scale on kwok nodes: seconds from submission (ratio to the no-operator floor); "
+        "API requests the controller made; its peak RSS\n"
+        f"{machine_line(m)}\n"
+    )
+    rows = []
+    for r in result["results"]:
+        def cell(key, rk):
+            return None if r.get(key) is None else (
+                f"{r[key]:.2f}" + (f" ({_x(r[rk])})" if r.get(rk) is not None and r["actor"] != "floor" else ""))
+        rows.append([
+            r["procs"], r["actor"], "yes" if r["ok"] else "NO",
+            cell("created_s", "created_vs_floor"), cell("running_s", "running_vs_floor"),
+            cell("phase_running_s", "phase_running_vs_floor"),
+            None if r.get("api_requests") is None else (
+                f"{r['api_requests']}" + (f" ({_x(r['requests_vs_floor'])})" if r["actor"] != "floor" and r.get("requests_vs_floor") else "")),
+            None if r.get("peak_rss_mib") is None else f"{r['peak_rss_mib']:.0f}",
+        ])
+    return head + table(["N", "actor", "ok", "all created s", "all Running s", "job Running s",
+                         "API requests", "peak RSS MiB"], rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[8, 64, 256, 1024])
+    ap.add_argument("--actors", nargs="+", choices=ACTORS, default=list(ACTORS))
+    ap.add_argument("--kubeconfig", help="use this cluster (with kwok nodes) instead of starting one")
+    ap.add_argument("--kwok-nodes", type=int, default=4)
+    ap.add_argument("--trial-timeout", type=float, default=900.0, help="seconds per job")
+    ap.add_argument("--state-dir", help="where the cluster and controller logs go (default: a temp dir)")
+    ap.add_argument("--json", help="output path (default benchmarks/out/operator_scale.json)")
+    args = ap.parse_args(argv)
+    if "floor" not in args.actors:
+        args.actors.insert(0, "floor")
+
+    runs: list[dict] = []
+    t_start = time.monotonic()
+    with bench_cluster(args.kubeconfig, args.kwok_nodes, args.state_dir) as cluster:
+        print(f"  cluster ready ({cluster.kubeconfig}); state in {cluster.state_dir}", file=sys.stderr, flush=True)
+        for i, n in enumerate(args.sizes):
+            k = i % len(args.actors)
+            for actor in args.actors[k:] + args.actors[:k]:
+                rec = trial(cluster, actor, n, args.trial_timeout, cluster.state_dir / "logs")
+                runs.append(rec)
+                brief = (f"created {rec.get('created_s', 0):.2f}s, running {rec.get('running_s', 0):.2f}s, "
+                         f"job {rec.get('phase_running_s') or 0:.2f}s, {rec.get('api_requests')} requests, "
+                         f"rss {rec.get('peak_rss_mib') or 0:.0f} MiB") if rec["ok"] else f"FAILED: {rec.get('error')}"
+                print(f"  N={n} {actor}: {brief}", file=sys.stderr, flush=True)
+        state = str(cluster.state_dir)
+
+    result = {
+        "benchmark": "operator_scale",
+        "command": " ".join(["python", "-m", "benchmarks.operator_scale", *(argv if argv is not None else sys.argv[1:])]),
+        "machine": machine(),
+        "params": {"sizes": args.sizes, "actors": args.actors, "trial_timeout_s": args.trial_timeout,
+                   "floor_threads": FLOOR_THREADS, "kwok_nodes": args.kwok_nodes, "pytorchjob_version": "v1.9.3"},
+        "elapsed_s": time.monotonic() - t_start,
+        "state_dir": state,
+        "results": summarize(runs, args.sizes, args.actors),
+        "runs": runs,
+    }
+    path = write_json("operator_scale", result, args.json)
+    print(render(result))
+    print(f"\nJSON: {path}")
+    return 0 if all(r["ok"] for r in runs) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
