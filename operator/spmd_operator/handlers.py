@@ -234,7 +234,12 @@ class Controller:
         if plan.delete_job:
             await self.api.delete(kube.job_url(job.namespace, job.name))
             return
-        await _gather(self.api.delete(kube.pods_url(job.namespace, name)) for name in plan.delete)
+        for name in plan.delete:
+            loop.created.pop(name, None)
+        results = await _gather(self.api.delete(kube.pods_url(job.namespace, name)) for name in plan.delete)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
 
     async def _create(self, loop: JobLoop, job: builders.JobRef, spec: Any, plan: lifecycle.Plan) -> str | None:
         """Ensures the ConfigMap and Service, then creates the plan's pods concurrently.

@@ -1,0 +1,296 @@
+"""Unit tests of spmd_operator.builders and names: every child of an SPMDJob as a plain dict."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+import monarch_spmd
+from monarch_spmd import worker
+from monarch_spmd.spec import parse_job_spec
+from spmd_operator import builders, names
+from spmd_operator.builders import JobRef
+
+JOB = JobRef(name="hello", namespace="team-a", uid="1234-uid")
+BASE = {"mesh": [{"name": "hosts", "size": 2}, {"name": "gpus", "size": 2}], "args": ["-m", "train", "--lr", "0.1"], "image": "img:1"}
+
+
+def spec(**changes):
+    raw = copy.deepcopy(BASE)
+    raw.update(changes)
+    return parse_job_spec(raw, require_image=True)
+
+
+def trainer(pod):
+    [c] = [c for c in pod["spec"]["containers"] if c["name"] == "trainer"]
+    return c
+
+
+def env_of(pod):
+    """The trainer's env as name -> value (or -> valueFrom)."""
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in trainer(pod)["env"]}
+
+
+OWNER = {
+    "apiVersion": "spmd.monarch.dev/v1alpha1",
+    "kind": "SPMDJob",
+    "name": "hello",
+    "uid": "1234-uid",
+    "controller": True,
+    "blockOwnerDeletion": True,
+}
+
+
+def test_names_follow_the_interface_document():
+    assert names.pod_name("hello", 0, 3) == "hello-r0-3"
+    assert names.pod_name("hello", 12, 4095) == "hello-r12-4095"
+    assert names.service_name("hello") == "hello-master"
+    assert names.configmap_name("hello") == "hello-worker"
+    assert names.master_addr("hello", "team-a") == "hello-master.team-a.svc"
+    assert names.coord_label("hosts") == "spmd.monarch.dev/coord-hosts"
+    longest = "a" * names.MAX_JOB_NAME_LENGTH
+    assert len(names.pod_name(longest, 100, 4095)) <= 63
+    assert len(names.service_name(longest)) <= 63
+
+
+def test_job_ref_reads_an_api_object():
+    body = {"metadata": {"name": "hello", "namespace": "team-a", "uid": "1234-uid", "generation": 2}}
+    assert JobRef.from_body(body) == JOB
+
+
+@pytest.mark.parametrize(
+    ("rank", "coords"),
+    [(0, ("0", "0")), (1, ("0", "1")), (2, ("1", "0")), (3, ("1", "1"))],
+)
+def test_pod_identity_labels_and_owner(rank, coords):
+    pod = builders.build_pod(JOB, spec(), rank, 2)
+    meta = pod["metadata"]
+    assert (pod["apiVersion"], pod["kind"]) == ("v1", "Pod")
+    assert meta["name"] == f"hello-r2-{rank}"
+    assert meta["namespace"] == "team-a"
+    assert meta["labels"] == {
+        "spmd.monarch.dev/job": "hello",
+        "spmd.monarch.dev/rank": str(rank),
+        "spmd.monarch.dev/restart": "2",
+        "spmd.monarch.dev/coord-hosts": coords[0],
+        "spmd.monarch.dev/coord-gpus": coords[1],
+    }
+    assert meta["ownerReferences"] == [OWNER]
+    env = env_of(pod)
+    assert env[worker.COORDS_VAR] == ",".join(coords)
+
+
+def test_pod_command_runs_the_shipped_worker():
+    pod = builders.build_pod(JOB, spec(python="/opt/conda/bin/python"), 0, 0)
+    c = trainer(pod)
+    assert c["command"] == ["/opt/conda/bin/python", "/opt/monarch-spmd/monarch_spmd/worker.py", "--", "-m", "train", "--lr", "0.1"]
+    assert "args" not in c
+    assert c["image"] == "img:1"
+    assert {"name": "monarch-spmd-worker", "mountPath": "/opt/monarch-spmd/monarch_spmd", "readOnly": True} in c["volumeMounts"]
+    assert {"name": "monarch-spmd-worker", "configMap": {"name": "hello-worker"}} in pod["spec"]["volumes"]
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_pod_env_is_the_worker_input_plus_downward_api():
+    pod = builders.build_pod(JOB, spec(masterPort=1234, rendezvousTimeoutSeconds=90, restartPolicy={"maxRestarts": 7}), 3, 1)
+    env = env_of(pod)
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    plain = {k: v for k, v in env.items() if isinstance(v, str)}
+    inputs = worker.read_inputs(plain)
+    assert inputs.mesh == [("hosts", 2), ("gpus", 2)]
+    assert inputs.coords == [1, 1]
+    assert inputs.rank == 3
+    assert (inputs.master_addr, inputs.master_port) == ("hello-master.team-a.svc", 1234)
+    assert (inputs.restart_count, inputs.max_restarts) == (1, 7)
+    assert inputs.run_id == "1234-uid"
+    assert inputs.rendezvous_timeout == 90
+    assert inputs.local_rank_scope == "mesh"
+    torch_env = worker.build_env(inputs, {})
+    assert (torch_env["RANK"], torch_env["WORLD_SIZE"], torch_env["LOCAL_RANK"], torch_env["LOCAL_WORLD_SIZE"]) == ("3", "4", "1", "2")
+    assert torch_env["TORCHELASTIC_RESTART_COUNT"] == "1"
+
+
+def test_user_template_is_merged_and_user_env_wins_where_set():
+    template = {
+        "metadata": {"labels": {"team": "a", "spmd.monarch.dev/rank": "spoofed"}, "annotations": {"note": "x"}},
+        "spec": {
+            "serviceAccountName": "trainer-sa",
+            "nodeSelector": {"pool": "gpu"},
+            "tolerations": [{"key": "gpu", "operator": "Exists"}],
+            "terminationGracePeriodSeconds": 120,
+            "volumes": [{"name": "data", "emptyDir": {}}],
+            "containers": [
+                {"name": "sidecar", "image": "busybox"},
+                {
+                    "name": "trainer",
+                    "env": [
+                        {"name": "POD_IP", "value": "override"},
+                        {"name": worker.ROLE_NAME_VAR, "value": "rank"},
+                        {"name": "DATA", "value": "$(POD_NAME)"},
+                    ],
+                    "resources": {"limits": {"memory": "2Gi"}},
+                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                },
+            ],
+        },
+    }
+    s = spec(template=template)
+    before = copy.deepcopy(s.template)
+    pod = builders.build_pod(JOB, s, 1, 0)
+    assert s.template == before, "building a pod must not change the spec"
+    p = pod["spec"]
+    assert p["serviceAccountName"] == "trainer-sa"
+    assert p["nodeSelector"] == {"pool": "gpu"}
+    assert p["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
+    assert p["terminationGracePeriodSeconds"] == 120
+    assert [c["name"] for c in p["containers"]] == ["sidecar", "trainer"]
+    assert p["containers"][0] == {"name": "sidecar", "image": "busybox"}
+    assert [v["name"] for v in p["volumes"]] == ["data", "monarch-spmd-worker"]
+    c = trainer(pod)
+    assert c["resources"] == {"limits": {"memory": "2Gi"}}
+    assert [m["name"] for m in c["volumeMounts"]] == ["data", "monarch-spmd-worker"]
+    env_names = [e["name"] for e in c["env"]]
+    assert len(env_names) == len(set(env_names)), "each variable once"
+    env = env_of(pod)
+    assert env["POD_IP"] == "override"
+    assert env[worker.ROLE_NAME_VAR] == "rank"
+    assert env[worker.MESH_VAR] == "hosts=2,gpus=2"
+    # Ours come first so that the user's values may refer to them.
+    assert env_names.index("POD_NAME") < env_names.index("DATA")
+    assert pod["metadata"]["labels"]["team"] == "a"
+    assert pod["metadata"]["labels"]["spmd.monarch.dev/rank"] == "1"
+    assert pod["metadata"]["annotations"] == {"note": "x"}
+
+
+def test_unnamed_template_container_is_the_trainer():
+    pod = builders.build_pod(JOB, spec(template={"spec": {"containers": [{"workingDir": "/w"}]}}), 0, 0)
+    assert len(pod["spec"]["containers"]) == 1
+    assert trainer(pod)["workingDir"] == "/w"
+
+
+def test_user_termination_message_policy_is_kept():
+    pod = builders.build_pod(JOB, spec(template={"spec": {"containers": [{"name": "trainer", "terminationMessagePolicy": "File"}]}}), 0, 0)
+    assert trainer(pod)["terminationMessagePolicy"] == "File"
+
+
+def test_gpus_per_proc_sets_the_limit_and_pod_local_rank_scope():
+    pod = builders.build_pod(JOB, spec(gpusPerProc=1), 3, 0)
+    c = trainer(pod)
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    env = env_of(pod)
+    assert env[worker.LOCAL_RANK_SCOPE_VAR] == "pod"
+    # What the training script sees: one torchrun node per pod, so set_device(LOCAL_RANK) is cuda:0.
+    inputs = worker.read_inputs({k: v for k, v in env.items() if isinstance(v, str)})
+    torch_env = worker.build_env(inputs, {})
+    assert (torch_env["LOCAL_RANK"], torch_env["LOCAL_WORLD_SIZE"]) == ("0", "1")
+    assert (torch_env["RANK"], torch_env["WORLD_SIZE"]) == ("3", "4")
+    assert torch_env["GROUP_RANK"] == "3"
+
+
+def test_gpus_per_proc_overrides_a_template_gpu_request():
+    template = {"spec": {"containers": [{"name": "trainer", "resources": {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}}]}}
+    c = trainer(builders.build_pod(JOB, spec(gpusPerProc=2, template=template), 0, 0))
+    assert c["resources"] == {"requests": {"nvidia.com/gpu": "2"}, "limits": {"nvidia.com/gpu": "2"}}
+
+
+def test_gpu_limit_in_the_template_alone_also_gives_pod_scope():
+    template = {"spec": {"containers": [{"name": "trainer", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
+    assert env_of(builders.build_pod(JOB, spec(template=template), 0, 0))[worker.LOCAL_RANK_SCOPE_VAR] == "pod"
+
+
+def test_user_may_force_mesh_scope_with_gpus():
+    template = {"spec": {"containers": [{"name": "trainer", "env": [{"name": worker.LOCAL_RANK_SCOPE_VAR, "value": "mesh"}]}]}}
+    assert env_of(builders.build_pod(JOB, spec(gpusPerProc=1, template=template), 0, 0))[worker.LOCAL_RANK_SCOPE_VAR] == "mesh"
+
+
+def test_no_gpus_means_no_gpu_limit_and_mesh_scope():
+    pod = builders.build_pod(JOB, spec(), 0, 0)
+    assert "resources" not in trainer(pod)
+    assert env_of(pod)[worker.LOCAL_RANK_SCOPE_VAR] == "mesh"
+
+
+def test_colocate_prefers_the_node_of_the_same_first_coordinate():
+    user_affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}
+    pod = builders.build_pod(JOB, spec(colocate=True, template={"spec": {"affinity": user_affinity}}), 3, 1)
+    affinity = pod["spec"]["affinity"]
+    assert affinity["nodeAffinity"] == user_affinity["nodeAffinity"]
+    [term] = affinity["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["weight"] == 100
+    assert term["podAffinityTerm"] == {
+        "labelSelector": {
+            "matchLabels": {
+                "spmd.monarch.dev/job": "hello",
+                "spmd.monarch.dev/restart": "1",
+                "spmd.monarch.dev/coord-hosts": "1",
+            }
+        },
+        "topologyKey": "kubernetes.io/hostname",
+    }
+
+
+def test_no_colocate_means_no_affinity():
+    assert "affinity" not in builders.build_pod(JOB, spec(), 0, 0)["spec"]
+
+
+def test_build_pod_needs_an_image():
+    with pytest.raises(ValueError, match="spec.image"):
+        builders.build_pod(JOB, parse_job_spec({k: v for k, v in BASE.items() if k != "image"}), 0, 0)
+
+
+def test_build_pod_rejects_a_rank_out_of_range():
+    with pytest.raises(ValueError, match="rank"):
+        builders.build_pod(JOB, spec(), 4, 0)
+
+
+def test_service_is_headless_and_selects_the_current_rank_zero():
+    svc = builders.build_service(JOB, spec(masterPort=29400), 3)
+    assert (svc["apiVersion"], svc["kind"]) == ("v1", "Service")
+    assert svc["metadata"]["name"] == "hello-master"
+    assert svc["metadata"]["namespace"] == "team-a"
+    assert svc["metadata"]["labels"] == {"spmd.monarch.dev/job": "hello"}
+    assert svc["metadata"]["ownerReferences"] == [OWNER]
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["selector"] == {"spmd.monarch.dev/job": "hello", "spmd.monarch.dev/rank": "0", "spmd.monarch.dev/restart": "3"}
+    assert svc["spec"]["ports"] == [{"name": "master", "port": 29400, "targetPort": 29400, "protocol": "TCP"}]
+    # The service selects exactly the rank-0 pod of that attempt.
+    pod_labels = builders.build_pod(JOB, spec(), 0, 3)["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+
+
+def test_worker_configmap_holds_the_library_files():
+    files = builders.worker_files()
+    package = Path(monarch_spmd.__file__).parent
+    assert files == {name: (package / name).read_text(encoding="utf-8") for name in ("__init__.py", "contract.py", "worker.py")}
+    cm = builders.build_worker_configmap(JOB, files)
+    assert (cm["apiVersion"], cm["kind"]) == ("v1", "ConfigMap")
+    assert cm["metadata"]["name"] == "hello-worker"
+    assert cm["metadata"]["labels"] == {"spmd.monarch.dev/job": "hello"}
+    assert cm["metadata"]["ownerReferences"] == [OWNER]
+    assert cm["data"] == files
+    assert sum(len(v.encode()) for v in files.values()) < 1024 * 1024, "a ConfigMap holds at most 1 MiB"
+
+
+def test_shipped_worker_needs_only_the_standard_library(tmp_path):
+    """The files of the ConfigMap, alone in a folder, run as the pod command does."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "monarch_spmd"
+    folder.mkdir()
+    for name, text in builders.worker_files().items():
+        (folder / name).write_text(text, encoding="utf-8")
+    env = {"PATH": "/usr/bin:/bin", worker.MESH_VAR: "a=1"}
+    result = subprocess.run(
+        [sys.executable, "-I", str(folder / "worker.py"), "--", "-m", "x"],
+        env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )
+    # The worker starts without the project installed and reports the missing variable (64).
+    assert result.returncode == worker.EX_USAGE, result.stderr
+    assert worker.COORDS_VAR in result.stderr

@@ -1,0 +1,211 @@
+"""Unit tests of monarch_spmd.spec: defaults, every validation error and its field path, manifests."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from monarch_spmd import worker
+from monarch_spmd.spec import (
+    API_VERSION,
+    KIND,
+    JobSpec,
+    Manifest,
+    MeshDim,
+    SpecError,
+    load_manifest,
+    parse_job_spec,
+)
+
+MINIMAL = {"mesh": [{"name": "hosts", "size": 2}, {"name": "gpus", "size": 4}], "args": ["-m", "train"]}
+
+
+def spec_with(**changes):
+    out = copy.deepcopy(MINIMAL)
+    out.update(changes)
+    return out
+
+
+def trainer_template(**container):
+    return {"spec": {"containers": [{"name": "trainer", **container}]}}
+
+
+def test_minimal_spec_gets_the_documented_defaults():
+    spec = parse_job_spec(MINIMAL)
+    assert spec == JobSpec(mesh=(MeshDim("hosts", 2), MeshDim("gpus", 4)), args=("-m", "train"))
+    assert (spec.python, spec.master_port, spec.gpus_per_proc, spec.colocate) == ("python3", 29500, 0, False)
+    assert (spec.max_restarts, spec.permanent_exit_codes, spec.retryable_exit_codes) == (3, (), ())
+    assert (spec.rendezvous_timeout_seconds, spec.active_deadline_seconds) == (300, None)
+    assert (spec.ttl_seconds_after_finished, spec.suspend, spec.template) == (None, False, {})
+    assert spec.world_size == 8
+    assert spec.mesh_pairs == [("hosts", 2), ("gpus", 4)]
+
+
+def test_full_spec_maps_every_camel_case_field():
+    spec = parse_job_spec(
+        spec_with(
+            image="pytorch/pytorch:2.5.1",
+            python="/usr/bin/python3",
+            masterPort=1234,
+            gpusPerProc=1,
+            colocate=True,
+            restartPolicy={
+                "maxRestarts": 5,
+                "permanentExitCodes": [2, 2, 3],
+                "retryableExitCodes": [137],
+                "permanentReasons": ["OOMKilled"],
+            },
+            rendezvousTimeoutSeconds=60,
+            activeDeadlineSeconds=3600,
+            ttlSecondsAfterFinished=0,
+            suspend=True,
+            template={"metadata": {"labels": {"team": "a"}}, "spec": {"nodeSelector": {"gpu": "h100"}}},
+        ),
+        require_image=True,
+    )
+    assert spec.image == "pytorch/pytorch:2.5.1"
+    assert spec.python == "/usr/bin/python3"
+    assert (spec.master_port, spec.gpus_per_proc, spec.colocate) == (1234, 1, True)
+    assert spec.max_restarts == 5
+    assert spec.permanent_exit_codes == (2, 3)
+    assert spec.retryable_exit_codes == (137,)
+    assert spec.permanent_reasons == ("OOMKilled",)
+    assert (spec.rendezvous_timeout_seconds, spec.active_deadline_seconds) == (60, 3600)
+    assert (spec.ttl_seconds_after_finished, spec.suspend) == (0, True)
+    assert spec.template["spec"]["nodeSelector"] == {"gpu": "h100"}
+
+
+def test_template_is_a_deep_copy():
+    raw = spec_with(template={"spec": {"nodeSelector": {"a": "b"}}})
+    spec = parse_job_spec(raw)
+    raw["template"]["spec"]["nodeSelector"]["a"] = "changed"
+    assert spec.template["spec"]["nodeSelector"] == {"a": "b"}
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "hint"),
+    [
+        ({"mesh": None}, "spec.mesh", "required"),
+        ({"mesh": []}, "spec.mesh", "at least one dimension"),
+        ({"mesh": "hosts=2"}, "spec.mesh", "expected a list"),
+        ({"mesh": [{"name": f"d{i}", "size": 1} for i in range(5)]}, "spec.mesh", "at most 4"),
+        ({"mesh": [{"name": "a", "size": 0}]}, "spec.mesh[0].size", "at least 1"),
+        ({"mesh": [{"name": "a", "size": 1}, {"name": "b", "size": True}]}, "spec.mesh[1].size", "at least 1"),
+        ({"mesh": [{"name": "a", "size": 1}, {"name": "a", "size": 2}]}, "spec.mesh[1].name", "unique"),
+        ({"mesh": [{"name": "Hosts", "size": 2}]}, "spec.mesh[0].name", "DNS label"),
+        ({"mesh": [{"name": "a" * 58, "size": 2}]}, "spec.mesh[0].name", "at most 57"),
+        ({"mesh": [{"name": "a", "size": 1, "extra": 1}]}, "spec.mesh[0]", "unknown field"),
+        ({"mesh": [{"name": "a", "size": 64}, {"name": "b", "size": 65}]}, "spec.mesh", "at most 4096"),
+        ({"args": None}, "spec.args", "required"),
+        ({"args": []}, "spec.args", "must not be empty"),
+        ({"args": ["-m"]}, "spec.args", "module name"),
+        ({"args": ["-m", ""]}, "spec.args", "module name"),
+        ({"args": ["--lr"]}, "spec.args[0]", "script path"),
+        ({"args": ["train.py", 3]}, "spec.args[1]", "not a string"),
+        ({"image": ""}, "spec.image", "non-empty"),
+        ({"image": "a b"}, "spec.image", "whitespace"),
+        ({"python": 3}, "spec.python", "non-empty string"),
+        ({"masterPort": 0}, "spec.masterPort", "1..65535"),
+        ({"masterPort": 65536}, "spec.masterPort", "1..65535"),
+        ({"masterPort": "29500"}, "spec.masterPort", "1..65535"),
+        ({"gpusPerProc": -1}, "spec.gpusPerProc", "0..16"),
+        ({"gpusPerProc": 17}, "spec.gpusPerProc", "0..16"),
+        ({"colocate": "yes"}, "spec.colocate", "true or false"),
+        ({"suspend": 1}, "spec.suspend", "true or false"),
+        ({"rendezvousTimeoutSeconds": 0}, "spec.rendezvousTimeoutSeconds", "1..86400"),
+        ({"activeDeadlineSeconds": 0}, "spec.activeDeadlineSeconds", "at least 1"),
+        ({"ttlSecondsAfterFinished": -1}, "spec.ttlSecondsAfterFinished", "at least 0"),
+        ({"restartPolicy": {"maxRestarts": 101}}, "spec.restartPolicy.maxRestarts", "0..100"),
+        ({"restartPolicy": {"maxRestarts": -1}}, "spec.restartPolicy.maxRestarts", "0..100"),
+        ({"restartPolicy": {"permanentExitCodes": [0]}}, "spec.restartPolicy.permanentExitCodes[0]", "1..255"),
+        ({"restartPolicy": {"retryableExitCodes": [1, 256]}}, "spec.restartPolicy.retryableExitCodes[1]", "1..255"),
+        (
+            {"restartPolicy": {"permanentExitCodes": [1, 2], "retryableExitCodes": [2]}},
+            "spec.restartPolicy.retryableExitCodes",
+            "also listed as permanent",
+        ),
+        ({"restartPolicy": {"permanentReasons": [""]}}, "spec.restartPolicy.permanentReasons[0]", "OOMKilled"),
+        ({"restartPolicy": {"backoffLimit": 3}}, "spec.restartPolicy", "unknown field"),
+        ({"replicas": 3}, "spec", "unknown field"),
+        ({"template": {"spec": {"restartPolicy": "OnFailure"}}}, "spec.template.spec.restartPolicy", "Never"),
+        ({"template": {"kind": "Pod"}}, "spec.template", "unknown field"),
+        ({"template": {"metadata": {"name": "x"}}}, "spec.template.metadata", "only labels and annotations"),
+        ({"template": {"metadata": {"labels": {"a": 1}}}}, "spec.template.metadata.labels.a", "strings"),
+        ({"template": trainer_template(image="other")}, "spec.template.spec.containers[0].image", "spec.image"),
+        ({"template": trainer_template(command=["sh"])}, "spec.template.spec.containers[0].command", "spec.python"),
+        ({"template": trainer_template(args=["x"])}, "spec.template.spec.containers[0].args", "spec.args"),
+        (
+            {"template": trainer_template(env=[{"name": worker.MESH_VAR, "value": "a=1"}])},
+            "spec.template.spec.containers[0].env[0].name",
+            "set by the operator",
+        ),
+        (
+            {"template": {"spec": {"containers": [{"name": "trainer"}, {"name": "trainer"}]}}},
+            "spec.template.spec.containers[1]",
+            "second",
+        ),
+    ],
+)
+def test_invalid_specs_name_the_field_and_what_is_valid(changes, field, hint):
+    with pytest.raises(SpecError) as info:
+        parse_job_spec(spec_with(**changes))
+    assert info.value.field == field
+    assert str(info.value).startswith(f"{field}: ")
+    assert hint in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_image_is_required_only_for_the_cluster():
+    assert parse_job_spec(MINIMAL).image is None
+    with pytest.raises(SpecError) as info:
+        parse_job_spec(MINIMAL, require_image=True)
+    assert info.value.field == "spec.image"
+
+
+def test_user_may_override_role_name_and_local_rank_scope():
+    env = [{"name": worker.ROLE_NAME_VAR, "value": "rank"}, {"name": worker.LOCAL_RANK_SCOPE_VAR, "value": "pod"}]
+    spec = parse_job_spec(spec_with(template=trainer_template(env=env)))
+    assert spec.template["spec"]["containers"][0]["env"] == env
+
+
+def test_sidecars_may_set_anything():
+    sidecar = {"name": "log-shipper", "image": "busybox", "command": ["sh"], "env": [{"name": worker.MESH_VAR, "value": "x"}]}
+    spec = parse_job_spec(spec_with(template={"spec": {"containers": [sidecar]}}))
+    assert spec.template["spec"]["containers"] == [sidecar]
+
+
+def manifest(**metadata):
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "hello", **metadata}, "spec": dict(MINIMAL)}
+
+
+def test_load_manifest_returns_name_namespace_and_spec():
+    assert load_manifest(manifest()) == Manifest("hello", "default", parse_job_spec(MINIMAL))
+    assert load_manifest(manifest(namespace="team-a")).namespace == "team-a"
+    name, namespace, spec = load_manifest(manifest())
+    assert (name, namespace, spec.world_size) == ("hello", "default", 8)
+
+
+@pytest.mark.parametrize(
+    ("doc", "field"),
+    [
+        ({**manifest(), "apiVersion": "v1"}, "apiVersion"),
+        ({**manifest(), "kind": "Job"}, "kind"),
+        (manifest(name=None), "metadata.name"),
+        (manifest(name="Hello"), "metadata.name"),
+        (manifest(name="1hello"), "metadata.name"),
+        (manifest(name="hello-"), "metadata.name"),
+        (manifest(name="a" * 51), "metadata.name"),
+        (manifest(namespace="Team_A"), "metadata.namespace"),
+        ({**manifest(), "spec": None}, "spec"),
+        ([1, 2], "manifest"),
+    ],
+)
+def test_load_manifest_rejects_bad_documents(doc, field):
+    with pytest.raises(SpecError) as info:
+        load_manifest(doc)
+    assert info.value.field == field
+
+
+def test_longest_valid_job_name_is_accepted():
+    assert load_manifest(manifest(name="a" * 50)).name == "a" * 50
