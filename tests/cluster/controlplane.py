@@ -50,9 +50,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up now: a preexec_fn must not load
+
+
 def die_with_parent() -> None:
-    """preexec_fn: the child gets SIGKILL if the process that started it dies first."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    """preexec_fn: the child gets SIGKILL when the thread that started it ends.
+
+    A safety net for the control plane's processes and pod processes if the harness itself is
+    killed; normal tear-down stops them first.
+    """
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:

@@ -50,6 +50,7 @@ from typing import Any, Final
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from tests.cluster.controlplane import die_with_parent
 from tests.cluster.podnetwork import ApiProxy, Bridge, ClusterDNS, watch_forever
 
 log = logging.getLogger("nodeagent")
@@ -80,8 +81,10 @@ class Container:
 
     def start(self, argv: list[str]) -> None:
         with open(self.log_path, "ab") as out:
+            # Started (and restarted) by the pod's own thread, which outlives the process.
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=subprocess.PIPE, start_new_session=True)
+                                         stderr=subprocess.PIPE, start_new_session=True,
+                                         preexec_fn=die_with_parent)
         self.stderr_tail.clear()
         self._reader = threading.Thread(target=self._read_stderr, daemon=True)
         self._reader.start()
@@ -279,8 +282,13 @@ class PodRuntime:
                                      "give the container a command' >&2; exit 127"]
         if re.fullmatch(r"python[0-9.]*", os.path.basename(argv[0])):
             argv[0] = sys.executable
-        mounts = [{"source": str(volumes[m.name] / (m.sub_path or "")), "target": m.mount_path,
-                   "readOnly": bool(m.read_only)} for m in c.spec.volume_mounts or []]
+        mounts = []
+        for m in c.spec.volume_mounts or []:
+            source = volumes[m.name] / (m.sub_path or "")
+            if not source.exists():  # a subPath not there yet is a new folder, as in kubelet
+                source.mkdir(parents=True)
+            mounts.append({"source": str(source), "target": m.mount_path,
+                           "readOnly": bool(m.read_only)})
         spec_file = self.dir / f"{c.name}.json"
         spec_file.write_text(json.dumps({
             "hostname": (self.pod.spec.hostname or self.name)[:63], "mounts": mounts, "env": env,

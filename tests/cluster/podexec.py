@@ -59,6 +59,7 @@ def main() -> None:
         mount(m["source"], target, MS_BIND | MS_REC)
         if m.get("readOnly"):
             mount("none", target, MS_REMOUNT | MS_BIND | MS_RDONLY)
+    os.makedirs(spec["cwd"], exist_ok=True)  # a runtime creates a missing workingDir
     os.chdir(spec["cwd"])
     os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
 
