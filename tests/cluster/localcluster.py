@@ -120,9 +120,21 @@ class LocalCluster:
 
     # --- the operator (hook for end-to-end tests; they may stop and restart it) ---------------
 
-    def start_operator(self, *args: str) -> subprocess.Popen:
-        """Run `python -m spmd_operator --all-namespaces *args`, logging to operator.log."""
+    def install_crds(self) -> None:
+        """Apply the project's CRDs (crds/) and wait until the API server serves them."""
+        self.kubectl("apply", "--server-side", "-f", str(REPO_ROOT / "crds"))
+        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f",
+                     str(REPO_ROOT / "crds"))
+
+    def start_operator(self, *args: str, install_crds: bool = True) -> subprocess.Popen:
+        """Run `python -m spmd_operator --all-namespaces *args`, logging to operator.log.
+
+        The CRDs are applied first unless `install_crds` is False. Calling it again restarts
+        the operator (stop_operator() first: SIGTERM, SIGKILL after a grace period).
+        """
         self.stop_operator()
+        if install_crds:
+            self.install_crds()
         env = {**self.env, "PYTHONPATH": os.pathsep.join(
             filter(None, [str(REPO_ROOT / "operator"), str(REPO_ROOT),
                           self.env.get("PYTHONPATH", "")]))}
