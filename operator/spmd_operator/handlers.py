@@ -248,6 +248,11 @@ class Controller:
             The API server's message if it rejected a pod as invalid (400/422), else None.
         """
         ns = job.namespace
+        clock = asyncio.get_running_loop().time()
+        loop.created = {n: t for n, t in loop.created.items() if clock - t < CREATED_MEMORY_SECONDS}
+        ranks = [r for r in plan.create if names.pod_name(job.name, plan.restart, r) not in loop.created]
+        if not ranks:
+            return None
         configmap = builders.build_worker_configmap(job, self.worker_files)
         if not await self.api.create(kube.configmaps_url(ns), configmap) and not loop.worker_files_shipped:
             await self.api.patch(kube.configmaps_url(ns, names.configmap_name(job.name)), {"data": configmap["data"]})
@@ -260,9 +265,6 @@ class Controller:
                     {"spec": {"selector": service["spec"]["selector"], "ports": service["spec"]["ports"]}},
                 )
             loop.service_restart = plan.restart
-        clock = asyncio.get_running_loop().time()
-        loop.created = {n: t for n, t in loop.created.items() if clock - t < CREATED_MEMORY_SECONDS}
-        ranks = [r for r in plan.create if names.pod_name(job.name, plan.restart, r) not in loop.created]
         pods = [builders.build_pod(job, spec, rank, plan.restart) for rank in ranks]
         results = await _gather(self.api.create(kube.pods_url(ns), pod) for pod in pods)
         for pod, result in zip(pods, results):
