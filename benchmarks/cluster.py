@@ -68,9 +68,11 @@ class Cluster:
     def apply_crd(self, path: Path, name: str) -> None:
         if name in self.crds:
             return
-        subprocess.run([self.kubectl(), "--kubeconfig", str(self.kubeconfig), "apply",
-                        "--server-side", "--force-conflicts", "-f", str(path)],
-                       check=True, capture_output=True, text=True)
+        r = subprocess.run([self.kubectl(), "--kubeconfig", str(self.kubeconfig), "apply",
+                            "--server-side", "--force-conflicts", "-f", str(path)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"kubectl apply -f {path} failed: {r.stderr.strip()[-2000:]}")
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             crd = self.admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}", ok404=True)
@@ -88,13 +90,16 @@ def pod_placement() -> dict:
 
 
 @contextlib.contextmanager
-def bench_cluster(kubeconfig: str | None = None, kwok_nodes: int = 4,
-                  state_dir: str | None = None) -> Iterator[Cluster]:
-    """A cluster with kwok nodes: the one `kubeconfig` names, or the test cluster started here."""
+def bench_cluster(kubeconfig: str | os.PathLike | None = None, kwok_nodes: int = 4,
+                  state_dir: str | os.PathLike | None = None,
+                  bin_dir: str | os.PathLike | None = None) -> Iterator[Cluster]:
+    """A cluster with kwok nodes: the one `kubeconfig` names (e.g. the `cluster` test fixture's,
+    or one from `python -m tests.cluster up`), or, without one, the test cluster's control plane
+    and kwok nodes started here (no process node: nothing here runs a real container)."""
     state = Path(state_dir or tempfile.mkdtemp(prefix="spmd-bench-"))
     state.mkdir(parents=True, exist_ok=True)
     if kubeconfig:
-        bin_dir = os.environ.get("MONARCH_SPMD_K8S_BIN")
+        bin_dir = bin_dir or os.environ.get("MONARCH_SPMD_K8S_BIN")
         yield Cluster(Path(kubeconfig), Path(bin_dir) if bin_dir else None, state, kube.Kube(kubeconfig))
         return
     sys.path.insert(0, str(REPO))
@@ -188,7 +193,11 @@ class SpmdOperator(Controller):
     def command(self):
         env = dict(os.environ, KUBECONFIG=str(self.ident.kubeconfig), PYTHONUNBUFFERED="1")
         env["PYTHONPATH"] = os.pathsep.join(p for p in [str(REPO / "operator"), str(REPO), env.get("PYTHONPATH", "")] if p)
-        return [PY, "-m", "spmd_operator", "--all-namespaces"], env
+        from tests.cluster.controlplane import free_port
+
+        # Its own health port: the default (0.0.0.0:8080) may be taken on a shared machine.
+        return [PY, "-m", "spmd_operator", "--all-namespaces",
+                f"--liveness=http://127.0.0.1:{free_port()}/healthz"], env
 
 
 class PyTorchJobOperator(Controller):

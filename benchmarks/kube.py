@@ -271,6 +271,7 @@ class PodTimes:
         self.failed: dict[str, float] = {}
         self.phase: dict[str, str] = {}
         self.uids: dict[str, str] = {}
+        self.labels: dict[str, dict[str, str]] = {}
 
     def on_event(self, pod: dict, t: float) -> None:
         name = pod["metadata"]["name"]
@@ -278,6 +279,7 @@ class PodTimes:
         with self.changed:
             self.created.setdefault(name, t)
             self.uids.setdefault(name, pod["metadata"].get("uid"))
+            self.labels[name] = pod["metadata"].get("labels") or {}
             self.phase[name] = phase
             if phase == "Running":
                 self.running.setdefault(name, t)
