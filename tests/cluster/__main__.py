@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import signal
@@ -86,6 +87,7 @@ def up(args: argparse.Namespace) -> int:
 
 def serve(args: argparse.Namespace) -> int:
     """Run the cluster in the foreground until SIGTERM or SIGINT."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -582,6 +582,7 @@ class ProcessNode:
             for uid, rt in list(self.runtimes.items()):
                 if uid not in present:  # deleted while we were not watching
                     rt.request_stop(0, force_deleted=True)
+                    del self.runtimes[uid]
             for pod in obj:
                 self._on_pod("ADDED", pod)
             return

@@ -3,9 +3,10 @@
 They run against the session's real cluster (the `cluster` fixture of tests/conftest.py): nodes
 Ready, pods on the process node running real processes with the downward API, ConfigMap volumes,
 their own IPs, cluster names of headless services, service-account access to the API server,
-exit codes and termination messages, SIGTERM on deletion, garbage collection by the
-controller-manager, and kwok pods Running without processes. One test starts a second, bare
-control plane to time a warm start and check that stopping it leaves no process behind.
+exit codes and termination messages, restarts and init containers, SIGTERM on deletion, garbage
+collection by the controller-manager, and kwok pods Running without processes. One test starts a
+second cluster to time a warm start and to check that stopping it leaves no process, network
+namespace or bridge behind.
 
     python3 -m pytest tests/harness -q -p no:cacheprovider
 """
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -22,10 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
-
 from tests.cluster import KWOK_TOLERATION, PROCESS_NODE, LocalCluster
-from tests.cluster.controlplane import ControlPlane
 
 pytestmark = pytest.mark.cluster
 
@@ -306,26 +306,36 @@ def test_kwok_pod_runs_without_a_process_and_untolerated_pods_stay_off_kwok(
         assert real["spec"]["nodeName"] == PROCESS_NODE
 
 
-# --- the control plane alone -------------------------------------------------------------------
+# --- a second cluster: start time, and a stop that leaves nothing behind -------------------------
 
 
-def test_control_plane_warm_start_and_clean_stop(cluster: LocalCluster) -> None:
-    with tempfile.TemporaryDirectory(prefix="cp-") as state:
-        plane = ControlPlane(cluster.bin_dir, Path(state))
-        with plane:
-            pids = [p.pid for p in plane.processes.values()]
-            print(f"warm control plane start: {plane.start_seconds:.1f}s", file=sys.stderr)
-            core = client.CoreV1Api(plane_client(plane))
-            assert core.read_namespaced_service_account("default", "default")
+def test_second_cluster_starts_warm_and_stops_without_leftovers(cluster: LocalCluster) -> None:
+    with tempfile.TemporaryDirectory(prefix="second-cluster-") as state:
+        other = LocalCluster(Path(state), kwok_nodes=1, bin_dir=cluster.bin_dir)
+        with other:
+            plane = other.control_plane
+            print(f"\nwarm start: control plane {plane.start_seconds:.1f}s, "
+                  f"whole cluster {other.start_seconds:.1f}s", file=sys.stderr)
+            bridge, api_port = other.bridge.name, plane.api_port
+            assert bridge != cluster.bridge.name
+            pids = [p.pid for p in plane.processes.values()] + [other.kwok.process.pid]
+            other.kubectl("run", "sleeper", "--image=none", "--restart=Never", "--command",
+                          "--", "python3", "-c", "import time; time.sleep(300)")
+            pod = wait_phase(other, "default", "sleeper", "Running")
+            pids.append(int(pod["status"]["containerStatuses"][0]["containerID"].split("//")[1]))
+            netns = [line.split()[0] for line in subprocess.run(
+                ["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
+                if line.startswith(other.bridge.netns_prefix)]
+            assert len(netns) == 1
         assert plane.start_seconds < 60
-    for pid in pids:
-        assert not Path(f"/proc/{pid}").exists(), f"process {pid} outlived stop()"
-
-
-def plane_client(plane: ControlPlane) -> client.ApiClient:
-    from kubernetes import config
-
-    return config.new_client_from_config(str(plane.kubeconfig))
+    left = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+    assert left == [], "processes outlived stop()"
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert f" {bridge}:" not in links
+    assert netns[0] not in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                          text=True).stdout
+    with socket.socket() as probe:  # nothing listens on the API server's port any more
+        assert probe.connect_ex(("127.0.0.1", api_port)) != 0
 
 
 def test_tools_on_path_are_the_built_ones(cluster: LocalCluster) -> None:
