@@ -3,8 +3,9 @@
 A fixture runs only for tests that ask for it: unit tests start no cluster. The first test that
 asks for `cluster` starts, for the whole session, a control plane, one process node
 (`proc-node-0`, pods run as local processes) and four kwok nodes (simulated, tainted: pods need
-`tests.cluster.KWOK_TOLERATION`). The binaries are built on first use on a machine (tens of
-minutes once), then reused from ~/.cache/monarch-spmd.
+`tests.cluster.KWOK_TOLERATION`). The binaries are built on first use on a machine (minutes,
+once; before the first test runs, so no test timeout covers it), then reused from
+~/.cache/monarch-spmd.
 
 Fixtures:
     cluster: a tests.cluster.LocalCluster, started. What tests use of it:
@@ -28,17 +29,37 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from kubernetes import client
 
 from tests.cluster import LocalCluster
+from tests.cluster.binaries import ensure_binaries
+
+
+BIN_DIR = pytest.StashKey[Path]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the cluster's binaries before any test runs, outside every test's timeout.
+
+    Only when a collected test needs the cluster; the first build on a machine takes minutes.
+    """
+    if any("cluster" in getattr(item, "fixturenames", ()) for item in session.items):
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter:
+            reporter.write_line("test cluster: checking binaries (the first build on a machine "
+                                "takes minutes)")
+        session.config.stash[BIN_DIR] = ensure_binaries()
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def cluster(request: pytest.FixtureRequest,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     state_dir = tmp_path_factory.mktemp("cluster")
-    with LocalCluster(state_dir, kwok_nodes=4) as running:
+    bin_dir = request.config.stash.get(BIN_DIR, None) or ensure_binaries()
+    with LocalCluster(state_dir, kwok_nodes=4, bin_dir=bin_dir) as running:
         print(f"\ntest cluster up in {running.start_seconds:.1f}s; state in {state_dir}",
               file=sys.stderr)
         yield running
