@@ -117,7 +117,8 @@ class Container:
         if self._reader:
             self._reader.join(timeout=5)
         started = self.state.get("running", {}).get("startedAt", now())
-        reason = "Completed" if code == 0 else ("StartError" if code == 127 else "Error")
+        not_started = code == 127 and any(line.startswith("podexec: ") for line in self.stderr_tail)
+        reason = "Completed" if code == 0 else ("StartError" if not_started else "Error")
         terminated = {"exitCode": code, "reason": reason, "startedAt": started, "finishedAt": now()}
         if code != 0:
             message = "".join(self.stderr_tail)
