@@ -1,0 +1,471 @@
+"""The in-pod worker: turns the MONARCH_SPMD_* inputs into torchrun's env and runs the training argv.
+
+Where it sits: one layer above :mod:`monarch_spmd.contract` and below everything else. The SPMDJob
+operator runs it as every pod's command, the local runner (:mod:`monarch_spmd.runner`) as every
+local process, so a job behaves the same on a laptop and on a cluster. It imports only the
+standard library and ``monarch_spmd.contract``: the operator ships exactly ``__init__.py``,
+``contract.py`` and this file into pods (a ConfigMap mounted at
+``/opt/monarch-spmd/monarch_spmd``) whose image does not contain the project.
+
+Three ways to start it, all equivalent::
+
+    python3 /opt/monarch-spmd/monarch_spmd/worker.py -- -m train --lr 0.001
+    python3 -m monarch_spmd.worker -- train.py --lr 0.001
+    monarch-spmd worker -- -m train --lr 0.001
+
+Input variables (the operator sets them on each pod, the local runner on each process; the
+constants below hold their names and the operator imports them from here):
+
+==================================  ==========================  =====================================
+variable                            example                     meaning
+==================================  ==========================  =====================================
+MONARCH_SPMD_MESH (required)        ``hosts=2,gpus=2``          ordered mesh; the last dimension is
+                                                                the local one
+MONARCH_SPMD_COORDS (required)      ``1,0``                     this proc's coordinates, one per
+                                                                dimension, in mesh order
+MONARCH_SPMD_MASTER_ADDR (req.)     ``hello-master.ns.svc``     name or IP of the rank-0 proc
+MONARCH_SPMD_MASTER_PORT (req.)     ``29500``                   port of rank 0's TCPStore, 1..65535
+MONARCH_SPMD_RESTART_COUNT          ``0`` (default)             gang attempt ->
+                                                                TORCHELASTIC_RESTART_COUNT
+MONARCH_SPMD_MAX_RESTARTS           ``0`` (default)             -> TORCHELASTIC_MAX_RESTARTS
+MONARCH_SPMD_RUN_ID                 ``none`` (default)          -> TORCHELASTIC_RUN_ID (the job uid)
+MONARCH_SPMD_ROLE_NAME              ``default`` (default)       -> ROLE_NAME
+MONARCH_SPMD_RENDEZVOUS_TIMEOUT     ``300`` (default)           seconds to wait for MASTER_ADDR to
+                                                                resolve and (ranks > 0) MASTER_PORT
+                                                                to accept a TCP connection
+MONARCH_SPMD_LOCAL_RANK_SCOPE       ``mesh`` (default), ``pod`` ``mesh``: LOCAL_RANK is the
+                                                                coordinate on the last dimension.
+                                                                ``pod``: every proc is its own
+                                                                torchrun node (LOCAL_RANK=0,
+                                                                LOCAL_WORLD_SIZE=1, RANK and
+                                                                WORLD_SIZE unchanged), for one-GPU
+                                                                pods
+==================================  ==========================  =====================================
+
+What it does, in order:
+
+1. reads and checks the inputs; a missing or invalid one is reported on stderr naming the
+   variable and what would be valid, exit code 64 (``EX_USAGE``);
+2. builds the env with :func:`monarch_spmd.contract.torch_elastic_env` and prints one line with
+   rank, world size and master to stderr (so pod logs show who is who);
+3. waits until MASTER_ADDR resolves and, on ranks other than 0, until MASTER_PORT accepts a TCP
+   connection (the start-up DNS race other operators paper over with init containers); if that
+   does not happen within the rendezvous timeout it says so, naming address, port and timeout, and
+   exits with 75 (``EX_TEMPFAIL``, retryable);
+4. runs the argv (``-m module args...`` or ``path.py args...``) with ``sys.executable`` as a
+   child process, forwards SIGTERM, SIGINT and SIGHUP to it, and exits with the child's exit code
+   (128+N when the child was killed by signal N), so it becomes the pod's exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+if __package__ in (None, ""):
+    # Run as a script (the pod command): make the package beside this file importable.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from monarch_spmd import contract  # noqa: E402
+else:
+    from . import contract
+
+MESH_VAR: Final = "MONARCH_SPMD_MESH"
+COORDS_VAR: Final = "MONARCH_SPMD_COORDS"
+MASTER_ADDR_VAR: Final = "MONARCH_SPMD_MASTER_ADDR"
+MASTER_PORT_VAR: Final = "MONARCH_SPMD_MASTER_PORT"
+RESTART_COUNT_VAR: Final = "MONARCH_SPMD_RESTART_COUNT"
+MAX_RESTARTS_VAR: Final = "MONARCH_SPMD_MAX_RESTARTS"
+RUN_ID_VAR: Final = "MONARCH_SPMD_RUN_ID"
+ROLE_NAME_VAR: Final = "MONARCH_SPMD_ROLE_NAME"
+RENDEZVOUS_TIMEOUT_VAR: Final = "MONARCH_SPMD_RENDEZVOUS_TIMEOUT"
+LOCAL_RANK_SCOPE_VAR: Final = "MONARCH_SPMD_LOCAL_RANK_SCOPE"
+
+#: Every input variable, in the order of the docstring's table.
+INPUT_VARS: Final = (
+    MESH_VAR,
+    COORDS_VAR,
+    MASTER_ADDR_VAR,
+    MASTER_PORT_VAR,
+    RESTART_COUNT_VAR,
+    MAX_RESTARTS_VAR,
+    RUN_ID_VAR,
+    ROLE_NAME_VAR,
+    RENDEZVOUS_TIMEOUT_VAR,
+    LOCAL_RANK_SCOPE_VAR,
+)
+
+DEFAULT_RUN_ID: Final = "none"
+DEFAULT_RENDEZVOUS_TIMEOUT: Final = 300.0
+SCOPE_MESH: Final = "mesh"
+SCOPE_POD: Final = "pod"
+LOCAL_RANK_SCOPES: Final = (SCOPE_MESH, SCOPE_POD)
+
+#: Bad worker input: a missing or invalid variable, or an empty argv. Permanent.
+EX_USAGE: Final = 64
+#: Rendezvous timeout: MASTER_ADDR never resolved or MASTER_PORT never accepted. Retryable.
+EX_TEMPFAIL: Final = 75
+
+#: Signals passed on to the training process.
+FORWARDED_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+_PREFIX: Final = "monarch-spmd worker"
+
+
+class WorkerInputError(ValueError):
+    """An input variable or the argv is missing or invalid; the message names which."""
+
+
+class RendezvousTimeout(RuntimeError):
+    """MASTER_ADDR did not resolve, or MASTER_PORT did not accept, within the timeout."""
+
+
+@dataclass(frozen=True)
+class WorkerInputs:
+    """The worker's inputs, parsed and checked (see the module docstring for their meaning)."""
+
+    mesh: list[tuple[str, int]]
+    coords: list[int]
+    master_addr: str
+    master_port: int
+    restart_count: int = 0
+    max_restarts: int = 0
+    run_id: str = DEFAULT_RUN_ID
+    role_name: str = contract.DEFAULT_ROLE_NAME
+    rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT
+    local_rank_scope: str = SCOPE_MESH
+
+    @property
+    def rank(self) -> int:
+        """This proc's global rank."""
+        return contract.rank_of(self.mesh, self.coords)
+
+
+def worker_input_env(
+    mesh: contract.Mesh,
+    coords: Sequence[int],
+    master_addr: str,
+    master_port: int,
+    *,
+    restart_count: int = 0,
+    max_restarts: int = 0,
+    run_id: str = DEFAULT_RUN_ID,
+    role_name: str = contract.DEFAULT_ROLE_NAME,
+    rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
+    local_rank_scope: str = SCOPE_MESH,
+) -> dict[str, str]:
+    """The MONARCH_SPMD_* variables for one proc: what the operator and the local runner inject.
+
+    The inverse of :func:`read_inputs`; the arguments mean what the table in the module docstring
+    says. Values are checked by parsing the result back, so a bad argument raises
+    :class:`WorkerInputError` naming the variable.
+    """
+    env = {
+        MESH_VAR: contract.format_mesh(mesh),
+        COORDS_VAR: ",".join(str(c) for c in coords),
+        MASTER_ADDR_VAR: master_addr,
+        MASTER_PORT_VAR: str(master_port),
+        RESTART_COUNT_VAR: str(restart_count),
+        MAX_RESTARTS_VAR: str(max_restarts),
+        RUN_ID_VAR: str(run_id),
+        ROLE_NAME_VAR: role_name,
+        RENDEZVOUS_TIMEOUT_VAR: _format_seconds(rendezvous_timeout),
+        LOCAL_RANK_SCOPE_VAR: local_rank_scope,
+    }
+    read_inputs(env)
+    return env
+
+
+def _format_seconds(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _int_var(environ: Mapping[str, str], name: str, default: int | None, low: int, high: int | None) -> int:
+    raw = environ.get(name)
+    valid = f"an integer in {low}..{high}" if high is not None else f"an integer of at least {low}"
+    if raw is None or not raw.strip():
+        if default is None:
+            raise WorkerInputError(f"{name}: not set; expected {valid}")
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise WorkerInputError(f"{name}: {raw!r} is not {valid}") from None
+    if value < low or (high is not None and value > high):
+        raise WorkerInputError(f"{name}: {value} is out of range; expected {valid}")
+    return value
+
+
+def read_inputs(environ: Mapping[str, str]) -> WorkerInputs:
+    """Parses and checks the MONARCH_SPMD_* variables of ``environ``.
+
+    Raises:
+        WorkerInputError: naming the variable and what would be valid.
+    """
+    raw_mesh = environ.get(MESH_VAR, "").strip()
+    if not raw_mesh:
+        raise WorkerInputError(f"{MESH_VAR}: not set; expected the ordered mesh, e.g. hosts=2,gpus=2")
+    try:
+        mesh = contract.parse_mesh(raw_mesh)
+    except ValueError as e:
+        raise WorkerInputError(f"{MESH_VAR}={raw_mesh!r}: {e}") from None
+
+    raw_coords = environ.get(COORDS_VAR, "").strip()
+    if not raw_coords:
+        raise WorkerInputError(
+            f"{COORDS_VAR}: not set; expected {len(mesh)} comma-separated coordinates for mesh "
+            f"{contract.format_mesh(mesh)}, e.g. {','.join('0' * len(mesh))}"
+        )
+    try:
+        coords = [int(c) for c in raw_coords.split(",")]
+    except ValueError:
+        raise WorkerInputError(
+            f"{COORDS_VAR}: {raw_coords!r} is not a comma-separated list of integers"
+        ) from None
+    try:
+        contract.rank_of(mesh, coords)
+    except ValueError as e:
+        raise WorkerInputError(f"{COORDS_VAR}={raw_coords!r}: {e}") from None
+
+    master_addr = environ.get(MASTER_ADDR_VAR, "").strip()
+    if not master_addr:
+        raise WorkerInputError(f"{MASTER_ADDR_VAR}: not set; expected the host name or IP of rank 0")
+    master_port = _int_var(environ, MASTER_PORT_VAR, None, 1, 65535)
+    restart_count = _int_var(environ, RESTART_COUNT_VAR, 0, 0, None)
+    max_restarts = _int_var(environ, MAX_RESTARTS_VAR, 0, 0, None)
+    run_id = environ.get(RUN_ID_VAR, "").strip() or DEFAULT_RUN_ID
+    role_name = environ.get(ROLE_NAME_VAR, "").strip() or contract.DEFAULT_ROLE_NAME
+
+    raw_timeout = environ.get(RENDEZVOUS_TIMEOUT_VAR, "").strip()
+    timeout = DEFAULT_RENDEZVOUS_TIMEOUT
+    if raw_timeout:
+        try:
+            timeout = float(raw_timeout)
+        except ValueError:
+            timeout = -1.0
+        if not timeout > 0 or timeout == float("inf"):
+            raise WorkerInputError(
+                f"{RENDEZVOUS_TIMEOUT_VAR}: {raw_timeout!r} is not valid; expected a number of "
+                "seconds greater than 0"
+            )
+
+    scope = environ.get(LOCAL_RANK_SCOPE_VAR, "").strip() or SCOPE_MESH
+    if scope not in LOCAL_RANK_SCOPES:
+        raise WorkerInputError(
+            f"{LOCAL_RANK_SCOPE_VAR}: {scope!r} is not valid; expected one of {', '.join(LOCAL_RANK_SCOPES)}"
+        )
+    return WorkerInputs(
+        mesh=mesh,
+        coords=coords,
+        master_addr=master_addr,
+        master_port=master_port,
+        restart_count=restart_count,
+        max_restarts=max_restarts,
+        run_id=run_id,
+        role_name=role_name,
+        rendezvous_timeout=timeout,
+        local_rank_scope=scope,
+    )
+
+
+def build_env(inputs: WorkerInputs, base_env: Mapping[str, str]) -> dict[str, str]:
+    """The torchrun variables for this proc (only those; merge them over ``base_env`` yourself).
+
+    With the ``pod`` local-rank scope the mesh seen by the contract is the whole world followed by
+    a trailing one-proc dimension, so every proc is its own torchrun node: LOCAL_RANK=0,
+    LOCAL_WORLD_SIZE=1, GROUP_RANK=RANK, while RANK and WORLD_SIZE are those of the real mesh.
+    (Flattening first keeps a 4-dimension mesh within the contract's dimension limit.)
+    """
+    mesh: list[tuple[str, int]] = inputs.mesh
+    coords: list[int] = inputs.coords
+    if inputs.local_rank_scope == SCOPE_POD:
+        mesh = [("world", contract.world_size(inputs.mesh)), ("pod", 1)]
+        coords = [inputs.rank, 0]
+    return contract.torch_elastic_env(
+        mesh,
+        coords,
+        inputs.master_addr,
+        inputs.master_port,
+        restart_count=inputs.restart_count,
+        max_restarts=inputs.max_restarts,
+        run_id=inputs.run_id,
+        role_name=inputs.role_name,
+        base_env=base_env,
+    )
+
+
+def command_for(argv: Sequence[str], python: str | None = None) -> list[str]:
+    """The child command for a training argv: ``[python, "-m", mod, ...]`` or ``[python, path, ...]``.
+
+    A leading ``--`` is dropped. Raises :class:`WorkerInputError` for an empty argv, ``-m`` without
+    a module, or another option where the script should be.
+    """
+    args = list(argv)
+    if args and args[0] == "--":
+        args = args[1:]
+    exe = python or sys.executable
+    if not args:
+        raise WorkerInputError(
+            "argv: empty; expected '-m MODULE [ARGS...]' or 'SCRIPT.py [ARGS...]' after '--'"
+        )
+    if args[0] == "-m":
+        if len(args) < 2 or not args[1]:
+            raise WorkerInputError("argv: '-m' needs a module name, e.g. -m train --lr 0.001")
+        return [exe, "-m", *args[1:]]
+    if args[0].startswith("-"):
+        raise WorkerInputError(
+            f"argv: {args[0]!r} is not valid here; expected '-m MODULE [ARGS...]' or 'SCRIPT.py [ARGS...]'"
+        )
+    return [exe, *args]
+
+
+def wait_for_master(
+    addr: str,
+    port: int,
+    *,
+    need_port: bool,
+    timeout: float,
+    poll_interval: float = 0.5,
+) -> None:
+    """Waits until ``addr`` resolves and, when ``need_port``, until ``addr:port`` accepts TCP.
+
+    The probe connection is closed at once without sending anything.
+
+    Raises:
+        RendezvousTimeout: with a message naming the address, port and timeout, and the last error.
+    """
+    deadline = time.monotonic() + timeout
+    last_error = ""
+    while True:
+        try:
+            socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+            break
+        except OSError as e:
+            last_error = str(e)
+        if time.monotonic() >= deadline:
+            raise RendezvousTimeout(
+                f"MASTER_ADDR {addr!r} did not resolve within {_format_seconds(timeout)}s "
+                f"({RENDEZVOUS_TIMEOUT_VAR}); last error: {last_error}"
+            )
+        time.sleep(min(poll_interval, max(0.0, deadline - time.monotonic())))
+    if not need_port:
+        return
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            with socket.create_connection((addr, port), timeout=max(0.1, min(2.0, remaining))):
+                return
+        except OSError as e:
+            last_error = str(e) or type(e).__name__
+        if time.monotonic() >= deadline:
+            raise RendezvousTimeout(
+                f"MASTER_ADDR:MASTER_PORT {addr}:{port} did not accept a TCP connection within "
+                f"{_format_seconds(timeout)}s ({RENDEZVOUS_TIMEOUT_VAR}); last error: {last_error}"
+            )
+        time.sleep(min(poll_interval, max(0.0, deadline - time.monotonic())))
+
+
+def _pdeathsig_setter() -> Callable[[], None] | None:
+    """A pre-exec hook that makes the child get SIGKILL if the worker dies (Linux only).
+
+    The C library is loaded here, in the parent: the hook itself runs between fork and exec and
+    must not import anything.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def hook() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+
+    return hook
+
+
+def run_child(command: Sequence[str], env: Mapping[str, str]) -> int:
+    """Runs ``command`` with ``env``, forwarding FORWARDED_SIGNALS, and returns its exit code.
+
+    A child killed by signal N gives 128+N, as a shell reports it.
+    """
+    child: subprocess.Popen[bytes] | None = None
+    pending: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        if child is None:
+            pending.append(signum)
+            return
+        try:
+            child.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
+    try:
+        child = subprocess.Popen(list(command), env=dict(env), preexec_fn=_pdeathsig_setter())
+        for signum in pending:
+            child.send_signal(signum)
+        while True:
+            try:
+                code = child.wait()
+                break
+            except InterruptedError:
+                continue
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 128 - code if code < 0 else code
+
+
+def _err(message: str) -> None:
+    print(f"{_PREFIX}: {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """Runs the worker; returns the exit code (see the module docstring).
+
+    Args:
+        argv: the training argv, optionally after ``--`` (default ``sys.argv[1:]``).
+        environ: the process environment (default ``os.environ``).
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    base = dict(os.environ if environ is None else environ)
+    try:
+        inputs = read_inputs(base)
+        command = command_for(args)
+        env = build_env(inputs, base)
+    except (WorkerInputError, ValueError) as e:
+        _err(f"bad input: {e}")
+        return EX_USAGE
+    rank = inputs.rank
+    _err(
+        f"rank {rank}/{env['WORLD_SIZE']} coords {contract.format_mesh(zip([n for n, _ in inputs.mesh], inputs.coords))} "
+        f"of mesh {contract.format_mesh(inputs.mesh)}, local rank {env['LOCAL_RANK']}/{env['LOCAL_WORLD_SIZE']}, "
+        f"master {inputs.master_addr}:{inputs.master_port}, restart {inputs.restart_count}/{inputs.max_restarts}, "
+        f"pid {os.getpid()}, running {' '.join(command[1:])}"
+    )
+    try:
+        wait_for_master(
+            inputs.master_addr, inputs.master_port, need_port=rank != 0, timeout=inputs.rendezvous_timeout
+        )
+    except RendezvousTimeout as e:
+        _err(f"rendezvous timeout: {e}")
+        return EX_TEMPFAIL
+    except KeyboardInterrupt:
+        _err("interrupted while waiting for the master")
+        return 128 + signal.SIGINT
+    return run_child(command, {**base, **env})
+
+
+if __name__ == "__main__":
+    sys.exit(main())
