@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import shutil
 import socket
 import subprocess
@@ -61,6 +62,8 @@ class Bridge:
 
     Bridge.create() takes the first free slot n (bridge `spmdbr<n>`, subnet 10.244.<n>.0/24, so
     several clusters can share a machine); the gateway address <subnet>.1 is the host's side.
+    The bridge's alias names the process that made it, so a slot whose maker was killed is
+    cleaned up and reused.
     """
 
     def __init__(self, slot: int) -> None:
@@ -75,17 +78,37 @@ class Bridge:
     @classmethod
     def create(cls) -> Bridge:
         for slot in range(256):
+            if cls._abandoned(slot):  # left by a harness that was killed
+                cls(slot).destroy()
             try:  # creating the link is the lock: it fails if another cluster holds the slot
                 sh("ip", "link", "add", f"spmdbr{slot}", "type", "bridge")
             except subprocess.CalledProcessError:
                 continue
             bridge = cls(slot)
+            sh("ip", "link", "set", bridge.name, "alias", f"monarch-spmd pid {os.getpid()}")
             sh("ip", "addr", "add", f"{bridge.gateway}/24", "dev", bridge.name)
             sh("ip", "link", "set", bridge.name, "up")
             # Pods reach each other and the gateway; nothing they send is routed further.
             Path(f"/proc/sys/net/ipv4/conf/{bridge.name}/forwarding").write_text("0")
             return bridge
         raise RuntimeError("no free spmdbr<n> bridge slot")
+
+    @staticmethod
+    def _abandoned(slot: int) -> bool:
+        """True if bridge `spmdbr<slot>` exists and the process that made it is gone."""
+        try:
+            alias = Path(f"/sys/class/net/spmdbr{slot}/ifalias").read_text().split()
+        except OSError:
+            return False
+        if alias[:2] != ["monarch-spmd", "pid"]:
+            return False
+        try:
+            os.kill(int(alias[2]), 0)
+            return False
+        except ProcessLookupError:
+            return True
+        except (OSError, ValueError, IndexError):
+            return False
 
     def add_pod(self, netns: str) -> str:
         """Create `netns` attached to the bridge with a fresh IP; return the IP.
