@@ -1,7 +1,8 @@
 """The local runner: an SPMDJob on this machine, one process per proc, no cluster needed.
 
 Where it sits: above :mod:`monarch_spmd.worker` (every local process IS the worker, started with
-exactly the MONARCH_SPMD_* inputs the operator injects into pods) and below :mod:`monarch_spmd.cli`
+exactly the MONARCH_SPMD_* inputs the operator injects into pods) and :mod:`monarch_spmd.spec`
+(which checks a manifest with the operator's rules), below :mod:`monarch_spmd.cli`
 (``monarch-spmd run``). It never imports Monarch or Kubernetes code; PyYAML is needed only to read
 a manifest.
 
@@ -37,15 +38,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
-from . import contract, worker
+from . import contract, spec, worker
 
 #: The master address of local runs: every proc is on this machine.
 LOCAL_MASTER_ADDR: Final = "127.0.0.1"
 #: Seconds between SIGTERM and SIGKILL when stopping ranks.
 DEFAULT_GRACE_PERIOD: Final = 5.0
-#: SPMDJob manifests this runner reads.
-API_VERSION: Final = "spmd.monarch.dev/v1alpha1"
-KIND: Final = "SPMDJob"
 
 _TAG: Final = "[monarch-spmd]"
 
@@ -65,7 +63,8 @@ class LocalJob:
         rendezvous_timeout: seconds each worker waits for the master (``spec.rendezvousTimeoutSeconds``).
         local_rank_scope: ``mesh``, or ``pod`` (``spec.gpusPerProc`` >= 1): see the worker.
         role_name: becomes ROLE_NAME.
-        env: extra variables for every proc (the ``trainer`` container's plain ``env`` values).
+        env: extra variables for every proc (the ``trainer`` container's plain ``env`` values);
+            they win over the runner's, as the user's env wins in a pod.
     """
 
     mesh: list[tuple[str, int]]
@@ -101,98 +100,76 @@ class LocalJob:
 
 
 # --- manifests ---------------------------------------------------------------------------------
-# A minimal reader of the fields the runner uses. The full schema (defaults, every check) lives
-# with the CRD; when a shared SPMDJob parser exists in the package, this should defer to it.
+# The manifest is parsed and checked by monarch_spmd.spec, the same rules the operator applies.
+
+_GPU_RESOURCE: Final = "nvidia.com/gpu"
 
 
-def _field_int(value: Any, path: str, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        valid = f"an integer in {low}..{high}" if high is not None else f"an integer of at least {low}"
-        raise ValueError(f"{path}: {value!r} is not valid; expected {valid}")
-    return value
+def _trainer_container(template: Mapping[str, Any]) -> Mapping[str, Any]:
+    for container in (template.get("spec") or {}).get("containers") or []:
+        if isinstance(container, Mapping) and container.get("name") in (None, spec.TRAINER_CONTAINER):
+            return container
+    return {}
 
 
-def _codes(value: Any, path: str) -> frozenset[int]:
-    if value is None:
-        return frozenset()
-    if not isinstance(value, list):
-        raise ValueError(f"{path}: {value!r} is not valid; expected a list of exit codes 1..255")
-    return frozenset(_field_int(c, f"{path}[{i}]", 1, 255) for i, c in enumerate(value))
+def _holds_gpus(container: Mapping[str, Any]) -> bool:
+    resources = container.get("resources") or {}
+    for kind in ("limits", "requests"):
+        value = (resources.get(kind) or {}).get(_GPU_RESOURCE)
+        if value is not None and str(value).strip() not in ("", "0"):
+            return True
+    return False
 
 
 def job_from_manifest(doc: Mapping[str, Any]) -> LocalJob:
-    """Builds a :class:`LocalJob` from one parsed SPMDJob manifest.
+    """Builds a :class:`LocalJob` from one SPMDJob manifest, checked by :func:`spec.load_manifest`.
+
+    As on Kubernetes: ``gpusPerProc`` >= 1 or a GPU limit on the ``trainer`` container selects the
+    ``pod`` local-rank scope; the container's plain ``env`` values reach every proc and win over
+    the runner's (only MONARCH_SPMD_ROLE_NAME and MONARCH_SPMD_LOCAL_RANK_SCOPE may be among
+    them). Locally the master port is a free one unless the manifest sets ``masterPort``
+    explicitly, so that two local runs do not collide on the default port.
 
     Raises:
-        ValueError: naming the manifest field (e.g. ``spec.mesh[1].size``) and what is valid.
+        monarch_spmd.spec.SpecError: naming the manifest field (e.g. ``spec.mesh[1].size``).
     """
-    if doc.get("apiVersion") != API_VERSION or doc.get("kind") != KIND:
-        raise ValueError(
-            f"apiVersion/kind: {doc.get('apiVersion')!r}/{doc.get('kind')!r}; expected {API_VERSION}/{KIND}"
-        )
-    meta = doc.get("metadata") or {}
-    name = str(meta.get("name") or "local")
-    spec = doc.get("spec")
-    if not isinstance(spec, Mapping):
-        raise ValueError("spec: missing; an SPMDJob needs spec.mesh and spec.args")
-    raw_mesh = spec.get("mesh")
-    if not isinstance(raw_mesh, list) or not raw_mesh:
-        raise ValueError("spec.mesh: expected a list of {name, size}, e.g. [{name: hosts, size: 2}]")
-    dims = []
-    for i, dim in enumerate(raw_mesh):
-        if not isinstance(dim, Mapping) or "name" not in dim or "size" not in dim:
-            raise ValueError(f"spec.mesh[{i}]: {dim!r} is not valid; expected {{name: NAME, size: SIZE}}")
-        dims.append((dim["name"], dim["size"]))
-    try:
-        mesh = contract.validate_mesh(dims)
-    except ValueError as e:
-        raise ValueError(f"spec.{e}") from None
-    args = spec.get("args")
-    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-        raise ValueError("spec.args: expected a list of strings, e.g. ['-m', 'train', '--lr', '0.001']")
-    try:
-        worker.command_for(args)
-    except ValueError as e:
-        raise ValueError(f"spec.{e}") from None
-    policy = spec.get("restartPolicy") or {}
-    if not isinstance(policy, Mapping):
-        raise ValueError("spec.restartPolicy: expected a mapping")
-    port = spec.get("masterPort")
-    gpus = spec.get("gpusPerProc", 0) or 0
-    timeout = spec.get("rendezvousTimeoutSeconds", worker.DEFAULT_RENDEZVOUS_TIMEOUT)
+    name, _, job = spec.load_manifest(doc)
+    raw_spec = doc.get("spec") or {}
+    trainer = _trainer_container(job.template)
     env: dict[str, str] = {}
-    template_spec = ((spec.get("template") or {}).get("spec") or {}) if isinstance(spec.get("template"), Mapping) else {}
-    for container in template_spec.get("containers") or []:
-        if isinstance(container, Mapping) and container.get("name") == "trainer":
-            for item in container.get("env") or []:
-                if isinstance(item, Mapping) and "name" in item and "value" in item:
-                    env[str(item["name"])] = str(item["value"])
+    for item in trainer.get("env") or []:
+        if isinstance(item, Mapping) and "name" in item and "value" in item:
+            env[str(item["name"])] = str(item["value"])
+    scope = worker.SCOPE_POD if job.gpus_per_proc >= 1 or _holds_gpus(trainer) else worker.SCOPE_MESH
     return LocalJob(
-        mesh=mesh,
-        args=list(args),
+        mesh=job.mesh_pairs,
+        args=list(job.args),
         name=name,
-        master_port=None if port is None else _field_int(port, "spec.masterPort", 1, 65535),
-        max_restarts=_field_int(policy.get("maxRestarts", 0), "spec.restartPolicy.maxRestarts", 0),
-        permanent_exit_codes=_codes(policy.get("permanentExitCodes"), "spec.restartPolicy.permanentExitCodes"),
-        retryable_exit_codes=_codes(policy.get("retryableExitCodes"), "spec.restartPolicy.retryableExitCodes"),
-        rendezvous_timeout=float(_field_int(timeout, "spec.rendezvousTimeoutSeconds", 1)),
-        local_rank_scope=worker.SCOPE_POD if _field_int(gpus, "spec.gpusPerProc", 0) >= 1 else worker.SCOPE_MESH,
+        master_port=job.master_port if "masterPort" in raw_spec else None,
+        max_restarts=job.max_restarts,
+        permanent_exit_codes=frozenset(job.permanent_exit_codes),
+        retryable_exit_codes=frozenset(job.retryable_exit_codes),
+        rendezvous_timeout=float(job.rendezvous_timeout_seconds),
+        local_rank_scope=scope,
         env=env,
     )
 
 
 def load_manifest(path: str) -> LocalJob:
-    """Reads the first SPMDJob document of a YAML file (the file ``kubectl apply -f`` takes)."""
+    """Reads the SPMDJob document of a YAML file (the file ``kubectl apply -f`` takes).
+
+    Other documents in the file (a ConfigMap holding the script, say) are ignored.
+    """
     try:
         import yaml
     except ImportError:
         raise RuntimeError("reading a manifest needs PyYAML: pip install 'monarch-spmd[cli]'") from None
     with open(path, encoding="utf-8") as f:
         docs = [d for d in yaml.safe_load_all(f) if d]
-    for doc in docs:
-        if isinstance(doc, Mapping) and doc.get("kind") == KIND:
-            return job_from_manifest(doc)
-    raise ValueError(f"{path}: no document of kind {KIND} ({API_VERSION}) found")
+    jobs = [d for d in docs if isinstance(d, Mapping) and d.get("kind") == spec.KIND]
+    if len(jobs) != 1:
+        raise ValueError(f"{path}: expected one document of kind {spec.KIND} ({spec.API_VERSION}), found {len(jobs)}")
+    return job_from_manifest(jobs[0])
 
 
 # --- running ---------------------------------------------------------------------------------
@@ -264,7 +241,7 @@ class _Gang:
     def start(self) -> None:
         """Starts one worker per rank, each in its own process group."""
         job, port = self.job, self.port
-        base = {**os.environ, **job.env}
+        base = dict(os.environ)
         base.setdefault("PYTHONUNBUFFERED", "1")
         for rank in range(contract.world_size(job.mesh)):
             inputs = worker.worker_input_env(
@@ -281,7 +258,7 @@ class _Gang:
             )
             popen = subprocess.Popen(
                 [self.python, "-m", "monarch_spmd.worker", "--", *job.args],
-                env={**base, **inputs},
+                env={**base, **inputs, **job.env},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
