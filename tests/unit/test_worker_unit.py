@@ -1,0 +1,216 @@
+"""The worker's pure parts (monarch_spmd.worker): reading the MONARCH_SPMD_* inputs, the pod
+local-rank scope, the child command, and the rule that the files shipped into pods import only
+the standard library and the contract. Processes and sockets are in tests/lib/."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+from monarch_spmd import worker
+from monarch_spmd.worker import (
+    WorkerInputError,
+    build_env,
+    command_for,
+    read_inputs,
+    worker_input_env,
+)
+
+PACKAGE = Path(worker.__file__).resolve().parent
+
+GOOD = {
+    worker.MESH_VAR: "hosts=2,gpus=2",
+    worker.COORDS_VAR: "1,0",
+    worker.MASTER_ADDR_VAR: "hello-master.team-a.svc",
+    worker.MASTER_PORT_VAR: "29500",
+}
+
+
+def test_required_inputs_and_defaults():
+    inputs = read_inputs(GOOD)
+    assert inputs.mesh == [("hosts", 2), ("gpus", 2)]
+    assert inputs.coords == [1, 0] and inputs.rank == 2
+    assert (inputs.master_addr, inputs.master_port) == ("hello-master.team-a.svc", 29500)
+    assert (inputs.restart_count, inputs.max_restarts, inputs.run_id, inputs.role_name) == (0, 0, "none", "default")
+    assert inputs.rendezvous_timeout == worker.DEFAULT_RENDEZVOUS_TIMEOUT
+    assert inputs.local_rank_scope == worker.SCOPE_MESH
+
+
+def test_every_input_is_read():
+    env = {
+        **GOOD,
+        worker.RESTART_COUNT_VAR: "2",
+        worker.MAX_RESTARTS_VAR: "3",
+        worker.RUN_ID_VAR: "uid-1",
+        worker.ROLE_NAME_VAR: "trainer",
+        worker.RENDEZVOUS_TIMEOUT_VAR: "2.5",
+        worker.LOCAL_RANK_SCOPE_VAR: "pod",
+    }
+    inputs = read_inputs(env)
+    assert (inputs.restart_count, inputs.max_restarts, inputs.run_id, inputs.role_name) == (2, 3, "uid-1", "trainer")
+    assert inputs.rendezvous_timeout == 2.5 and inputs.local_rank_scope == "pod"
+
+
+def test_input_names_are_the_documented_ones():
+    assert worker.INPUT_VARS == (
+        "MONARCH_SPMD_MESH",
+        "MONARCH_SPMD_COORDS",
+        "MONARCH_SPMD_MASTER_ADDR",
+        "MONARCH_SPMD_MASTER_PORT",
+        "MONARCH_SPMD_RESTART_COUNT",
+        "MONARCH_SPMD_MAX_RESTARTS",
+        "MONARCH_SPMD_RUN_ID",
+        "MONARCH_SPMD_ROLE_NAME",
+        "MONARCH_SPMD_RENDEZVOUS_TIMEOUT",
+        "MONARCH_SPMD_LOCAL_RANK_SCOPE",
+    )
+    for var in worker.INPUT_VARS:  # one table, in the module docstring
+        assert var in worker.__doc__
+
+
+@pytest.mark.parametrize(
+    ("change", "var", "hint"),
+    [
+        ({worker.MESH_VAR: None}, worker.MESH_VAR, "not set"),
+        ({worker.MESH_VAR: "hosts=0"}, worker.MESH_VAR, "at least 1"),
+        ({worker.MESH_VAR: "Hosts=2"}, worker.MESH_VAR, "DNS label"),
+        ({worker.COORDS_VAR: None}, worker.COORDS_VAR, "2 comma-separated coordinates"),
+        ({worker.COORDS_VAR: "1,x"}, worker.COORDS_VAR, "integers"),
+        ({worker.COORDS_VAR: "2,0"}, worker.COORDS_VAR, "0..1"),
+        ({worker.COORDS_VAR: "1"}, worker.COORDS_VAR, "1 coordinates given"),
+        ({worker.MASTER_ADDR_VAR: " "}, worker.MASTER_ADDR_VAR, "not set"),
+        ({worker.MASTER_PORT_VAR: None}, worker.MASTER_PORT_VAR, "1..65535"),
+        ({worker.MASTER_PORT_VAR: "0"}, worker.MASTER_PORT_VAR, "1..65535"),
+        ({worker.MASTER_PORT_VAR: "70000"}, worker.MASTER_PORT_VAR, "1..65535"),
+        ({worker.MASTER_PORT_VAR: "http"}, worker.MASTER_PORT_VAR, "1..65535"),
+        ({worker.RESTART_COUNT_VAR: "-1"}, worker.RESTART_COUNT_VAR, "at least 0"),
+        ({worker.MAX_RESTARTS_VAR: "many"}, worker.MAX_RESTARTS_VAR, "at least 0"),
+        ({worker.RENDEZVOUS_TIMEOUT_VAR: "0"}, worker.RENDEZVOUS_TIMEOUT_VAR, "greater than 0"),
+        ({worker.RENDEZVOUS_TIMEOUT_VAR: "soon"}, worker.RENDEZVOUS_TIMEOUT_VAR, "greater than 0"),
+        ({worker.RENDEZVOUS_TIMEOUT_VAR: "inf"}, worker.RENDEZVOUS_TIMEOUT_VAR, "greater than 0"),
+        ({worker.LOCAL_RANK_SCOPE_VAR: "node"}, worker.LOCAL_RANK_SCOPE_VAR, "mesh, pod"),
+    ],
+)
+def test_bad_inputs_name_the_variable(change, var, hint):
+    env = {k: v for k, v in {**GOOD, **change}.items() if v is not None}
+    with pytest.raises(WorkerInputError) as err:
+        read_inputs(env)
+    assert str(err.value).startswith(var), err.value
+    assert hint in str(err.value)
+
+
+def test_mesh_scope_uses_the_last_dimension():
+    env = build_env(read_inputs({**GOOD, worker.COORDS_VAR: "1,1"}), {})
+    assert (env["RANK"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], env["GROUP_RANK"]) == ("3", "1", "2", "1")
+    assert env["OMP_NUM_THREADS"] == "1"
+
+
+@pytest.mark.parametrize(("mesh", "coords"), [("hosts=2,gpus=2", "1,1"), ("a=2,b=2,c=1,d=2", "1,0,0,1")])
+def test_pod_scope_makes_every_proc_its_own_node_with_rank_unchanged(mesh, coords):
+    env_in = {**GOOD, worker.MESH_VAR: mesh, worker.COORDS_VAR: coords, worker.LOCAL_RANK_SCOPE_VAR: "pod"}
+    mesh_env = build_env(read_inputs({**env_in, worker.LOCAL_RANK_SCOPE_VAR: "mesh"}), {})
+    pod_env = build_env(read_inputs(env_in), {})
+    assert pod_env["RANK"] == mesh_env["RANK"] and pod_env["WORLD_SIZE"] == mesh_env["WORLD_SIZE"]
+    assert (pod_env["LOCAL_RANK"], pod_env["LOCAL_WORLD_SIZE"]) == ("0", "1")
+    assert (pod_env["GROUP_RANK"], pod_env["GROUP_WORLD_SIZE"]) == (pod_env["RANK"], pod_env["WORLD_SIZE"])
+    assert "OMP_NUM_THREADS" not in pod_env
+
+
+def test_inputs_reach_the_torchelastic_variables():
+    env = build_env(
+        read_inputs(
+            {
+                **GOOD,
+                worker.RESTART_COUNT_VAR: "1",
+                worker.MAX_RESTARTS_VAR: "4",
+                worker.RUN_ID_VAR: "uid",
+                worker.ROLE_NAME_VAR: "r",
+            }
+        ),
+        {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"},
+    )
+    assert env["TORCHELASTIC_RESTART_COUNT"] == "1" and env["TORCHELASTIC_MAX_RESTARTS"] == "4"
+    assert env["TORCHELASTIC_RUN_ID"] == "uid" and env["ROLE_NAME"] == "r"
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
+    assert env["MASTER_ADDR"] == "hello-master.team-a.svc" and env["MASTER_PORT"] == "29500"
+
+
+def test_worker_input_env_round_trips():
+    env = worker_input_env(
+        [("hosts", 2), ("gpus", 2)],
+        [1, 1],
+        "m.svc",
+        1234,
+        restart_count=2,
+        max_restarts=5,
+        run_id="uid",
+        role_name="trainer",
+        rendezvous_timeout=30,
+        local_rank_scope="pod",
+    )
+    assert set(env) == set(worker.INPUT_VARS)
+    assert env[worker.RENDEZVOUS_TIMEOUT_VAR] == "30"
+    inputs = read_inputs(env)
+    assert (inputs.rank, inputs.master_port, inputs.restart_count, inputs.local_rank_scope) == (3, 1234, 2, "pod")
+
+
+def test_worker_input_env_refuses_bad_values_naming_the_variable():
+    with pytest.raises(WorkerInputError, match=rf"^{worker.COORDS_VAR}"):
+        worker_input_env([("hosts", 2)], [2], "m", 1)
+    with pytest.raises(WorkerInputError, match=rf"^{worker.MASTER_PORT_VAR}"):
+        worker_input_env([("hosts", 2)], [0], "m", 0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "command"),
+    [
+        (["--", "-m", "train", "--lr", "0.1"], ["PY", "-m", "train", "--lr", "0.1"]),
+        (["-m", "train"], ["PY", "-m", "train"]),
+        (["train.py", "-m", "x"], ["PY", "train.py", "-m", "x"]),
+        (["--", "/opt/s.py"], ["PY", "/opt/s.py"]),
+    ],
+)
+def test_command_for(argv, command):
+    assert command_for(argv, python="PY") == command
+
+
+@pytest.mark.parametrize("argv", [[], ["--"], ["-m"], ["--", "-m"], ["-m", ""], ["-c", "print(1)"]])
+def test_command_for_refuses_bad_argv(argv):
+    with pytest.raises(WorkerInputError, match=r"^argv:"):
+        command_for(argv)
+
+
+def _imports(path: Path) -> set[str]:
+    """Top-level names of absolute imports; ``.module`` for relative ones."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            names.update({f".{node.module}"} if node.module else {f".{a.name}" for a in node.names})
+        elif isinstance(node, ast.ImportFrom) and node.module == "monarch_spmd":
+            names.update(f".{a.name}" for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            names.add((node.module or "").split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("name", ["__init__.py", "contract.py", "worker.py"])
+def test_files_shipped_into_pods_import_only_the_standard_library_and_the_contract(name):
+    # __init__ may load .actor lazily, inside __getattr__ (checked below); nothing else may.
+    allowed_local = {".contract", ".actor"} if name == "__init__.py" else {".contract"}
+    for imported in _imports(PACKAGE / name):
+        if imported.startswith(".") or imported.startswith("monarch_spmd"):
+            assert imported in allowed_local, f"{name} imports {imported}"
+        else:
+            assert imported in sys.stdlib_module_names or imported == "__future__", f"{name} imports {imported}"
+
+
+def test_init_imports_actor_only_inside_getattr():
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    for node in tree.body:  # module level: no import of .actor
+        if isinstance(node, ast.ImportFrom) and node.level:
+            assert node.module == "contract"
