@@ -286,8 +286,23 @@ async def _gather(coros: Iterable[Any]) -> list[Any]:
 # --- kopf wiring ------------------------------------------------------------------------------
 
 
+class _QuietEventHandlers(logging.Filter):
+    """Drops kopf's "Handler 'pod_event' succeeded." lines: one per pod event is noise at scale."""
+
+    _HANDLERS: Final = ("pods_by_job", "pod_event", "job_event")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO:
+            return True
+        message = record.getMessage()
+        return not any(message == f"Handler {h!r} succeeded." for h in self._HANDLERS)
+
+
 def configure_settings(settings: kopf.OperatorSettings) -> None:
     """The kopf settings the operator relies on (also applied under ``kopf run``)."""
+    objects_logger = logging.getLogger("kopf.objects")
+    if not any(isinstance(f, _QuietEventHandlers) for f in objects_logger.filters):
+        objects_logger.addFilter(_QuietEventHandlers())
     # Handler log lines become Events only from WARNING up; transitions are posted explicitly.
     settings.posting.level = logging.WARNING
     # Nothing of kopf's goes into status (the schema would prune it); keep it in annotations.
