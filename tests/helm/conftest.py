@@ -3,7 +3,6 @@ tests/cluster/build-binaries.sh, like the test cluster's other binaries) and a r
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -12,23 +11,14 @@ from typing import Any
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "helm" / "monarch-spmd"
-#: The test cluster's Kubernetes version; helm built from source assumes v1.20 without it.
-KUBE_VERSION = "v1.34.4"
-
-
-def _binaries_module():
-    spec = importlib.util.spec_from_file_location("_spmd_test_binaries", ROOT / "tests/cluster/binaries.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helm_support import CHART, KUBE_VERSION
+from tests.cluster.binaries import ensure_binaries
 
 
 @pytest.fixture(scope="session")
 def bin_dir() -> Path:
     """The folder with helm and kubectl (built on first use, cached under ~/.cache)."""
-    return _binaries_module().ensure_binaries()
+    return ensure_binaries()
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,7 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import CHART, KUBE_VERSION, ROOT
-from helm_support import by_kind, is_test_hook, one
+from helm_support import CHART, KUBE_VERSION, ROOT, by_kind, is_test_hook, one, rendered_test_job
 
 NAMESPACED_RULES = [
     {"apiGroups": ["spmd.monarch.dev"], "resources": ["spmdjobs"], "verbs": ["get", "list", "watch", "patch", "update", "delete"]},
@@ -44,22 +43,26 @@ def test_lint_strict(helm, args):
     assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout
 
 
+def component(obj) -> str:
+    return obj["metadata"]["labels"].get("app.kubernetes.io/component", "")
+
+
 def test_default_render_objects(render):
     objects = render()
-    release = sorted((o["kind"], o["metadata"]["name"]) for o in objects if not is_test_hook(o))
-    assert release == [
+    kinds = sorted((o["kind"], o["metadata"]["name"]) for o in objects if component(o) != "test")
+    assert kinds == [
         ("ClusterRole", "spmd-monarch-spmd"),
         ("ClusterRoleBinding", "spmd-monarch-spmd"),
         ("Deployment", "spmd-monarch-spmd"),
         ("ServiceAccount", "spmd-monarch-spmd"),
     ]
-    hooks = sorted((o["kind"], o["metadata"]["name"]) for o in objects if is_test_hook(o))
-    assert hooks == [
-        ("Pod", "spmd-monarch-spmd-test"),
-        ("Role", "spmd-monarch-spmd-test"),
-        ("RoleBinding", "spmd-monarch-spmd-test"),
-        ("SPMDJob", "test-spmd-monarch-spmd"),
-        ("ServiceAccount", "spmd-monarch-spmd-test"),
+    tests = sorted((o["kind"], o["metadata"]["name"], is_test_hook(o)) for o in objects if component(o) == "test")
+    # Only the pod is a hook: `helm test --logs` reads the log of every test hook as a pod's.
+    assert tests == [
+        ("Pod", "spmd-monarch-spmd-test", True),
+        ("Role", "spmd-monarch-spmd-test", False),
+        ("RoleBinding", "spmd-monarch-spmd-test", False),
+        ("ServiceAccount", "spmd-monarch-spmd-test", False),
     ]
     # No leftovers of the `helm create` skeleton.
     assert not {o["kind"] for o in objects} & {"Ingress", "HorizontalPodAutoscaler", "Service"}
@@ -78,7 +81,7 @@ def test_cluster_wide_rbac_is_exactly_what_the_operator_uses(render):
     binding = one(objects, "ClusterRoleBinding")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "spmd-monarch-spmd"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "spmd-monarch-spmd", "namespace": "ops"}]
-    assert not [o for o in by_kind(objects, "Role") if not is_test_hook(o)]
+    assert not [o for o in by_kind(objects, "Role") if component(o) != "test"]
 
 
 def test_every_rbac_rule_says_who_needs_it():
@@ -97,11 +100,11 @@ def test_namespaced_mode(render):
     assert container["args"] == ["--namespace=team-a", "--namespace=team-b"]
     cluster_role = one(objects, "ClusterRole")
     assert cluster_role["rules"] == [CRD_RULE]
-    roles = [o for o in by_kind(objects, "Role") if not is_test_hook(o)]
+    roles = [o for o in by_kind(objects, "Role") if component(o) != "test"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
         assert role["rules"] == NAMESPACED_RULES
-    bindings = [o for o in by_kind(objects, "RoleBinding") if not is_test_hook(o)]
+    bindings = [o for o in by_kind(objects, "RoleBinding") if component(o) != "test"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for binding in bindings:
         assert binding["roleRef"]["kind"] == "Role"
@@ -110,7 +113,7 @@ def test_namespaced_mode(render):
 
 def test_rbac_and_service_account_can_be_brought_by_the_user(render):
     objects = render("--set", "rbac.create=false", "--set", "serviceAccount.create=false", "--set", "serviceAccount.name=my-operator")
-    assert not [o for o in objects if not is_test_hook(o) and o["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount")]
+    assert not [o for o in objects if component(o) != "test" and o["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount")]
     deployment, _ = operator_container(objects)
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "my-operator"
 
@@ -171,41 +174,44 @@ def test_operator_placement_values(render):
 
 def test_test_hook_runs_a_tiny_cpu_allreduce(render):
     objects = render()
-    job = one(objects, "SPMDJob")
-    assert job["apiVersion"] == "spmd.monarch.dev/v1alpha1"
-    assert job["spec"]["mesh"] == [{"name": "procs", "size": 2}]
-    assert job["spec"]["args"] == ["-m", "monarch_spmd.examples.allreduce"]
-    assert job["spec"]["image"] == "monarch-spmd/worker-cpu:0.1.0"
-    assert job["spec"]["gpusPerProc"] == 0
-    assert "template" not in job["spec"]
+    job = rendered_test_job(objects)
+    assert job["apiVersion"] == "spmd.monarch.dev/v1alpha1" and job["kind"] == "SPMDJob"
+    assert job["metadata"]["namespace"] == "ops"
+    assert job["spec"] == {
+        "mesh": [{"name": "procs", "size": 2}],
+        "args": ["-m", "monarch_spmd.examples.allreduce"],
+        "image": "monarch-spmd/worker-cpu:0.1.0",
+        "gpusPerProc": 0,
+        "restartPolicy": {"maxRestarts": 0},
+    }
     pod = one(objects, "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["metadata"]["annotations"]["helm.sh/hook-delete-policy"] == "before-hook-creation"
     assert pod["spec"]["restartPolicy"] == "Never"
     assert pod["spec"]["serviceAccountName"] == "spmd-monarch-spmd-test"
     (container,) = pod["spec"]["containers"]
-    env = {e["name"]: e["value"] for e in container["env"]}
-    assert env["SPMD_TEST_JOB"] == job["metadata"]["name"] and env["SPMD_TEST_NAMESPACE"] == "ops"
+    assert container["command"] == ["python", "-c"]
     compile(container["args"][0], "helm-test", "exec")
-    # The waiting pod may only read that one SPMDJob.
-    role = one([o for o in objects if is_test_hook(o)], "Role")
-    assert role["rules"] == [
-        {"apiGroups": ["spmd.monarch.dev"], "resources": ["spmdjobs"], "resourceNames": [job["metadata"]["name"]], "verbs": ["get"]}
-    ]
-    # Helm creates the RBAC first, then the job, then the waiting pod.
-    weight = {o["kind"]: int(o["metadata"]["annotations"]["helm.sh/hook-weight"]) for o in objects if is_test_hook(o)}
-    assert weight["Role"] < weight["SPMDJob"] < weight["Pod"]
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_UID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert env["SPMD_TEST_NAMESPACE"]["value"] == "ops"
+    # The test's ServiceAccount may only create, read and delete SPMDJobs in its namespace.
+    role = one([o for o in objects if component(o) == "test"], "Role")
+    assert role["rules"] == [{"apiGroups": ["spmd.monarch.dev"], "resources": ["spmdjobs"], "verbs": ["create", "get", "delete"]}]
 
 
 def test_tests_can_be_disabled(render):
-    assert not [o for o in render("--set", "tests.enabled=false") if is_test_hook(o)]
+    assert not [o for o in render("--set", "tests.enabled=false") if component(o) == "test"]
 
 
 def test_gpu_values(render):
     objects = render("-f", str(CHART / "values-gpu.yaml"))
-    job = one(objects, "SPMDJob")
-    spec = job["spec"]
+    spec = rendered_test_job(objects)["spec"]
     assert spec["gpusPerProc"] == 1
     assert spec["image"] == "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
     assert spec["args"] == ["/opt/spmd-test/main.py"]
+    assert spec["mesh"] == [{"name": "hosts", "size": 2}, {"name": "gpus", "size": 1}]
     pod = spec["template"]["spec"]
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
@@ -213,7 +219,7 @@ def test_gpu_values(render):
     assert trainer["name"] == "trainer"
     assert trainer["volumeMounts"] == [{"name": "spmd-test", "mountPath": "/opt/spmd-test", "readOnly": True}]
     configmap = one(objects, "ConfigMap")
-    assert is_test_hook(configmap)
+    assert component(configmap) == "test" and not is_test_hook(configmap)
     assert pod["volumes"] == [{"name": "spmd-test", "configMap": {"name": configmap["metadata"]["name"]}}]
     source = configmap["data"]["main.py"]
     compile(source, "main.py", "exec")
@@ -231,7 +237,7 @@ def test_names_stay_valid_for_long_and_odd_release_names(render, release):
     for obj in objects:
         name = obj["metadata"]["name"]
         assert len(name) <= 63 and DNS_1123_LABEL.match(name), name
-    job_name = one(objects, "SPMDJob")["metadata"]["name"]
+    job_name = rendered_test_job(objects, uid="f" * 36)["metadata"]["name"]
     assert len(job_name) <= 50 and DNS_1035_LABEL.match(job_name), job_name
     for obj in objects:
         for value in obj["metadata"]["labels"].values():

@@ -65,9 +65,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{/*
-The `helm test` SPMDJob's name: a DNS-1035 label (starts with a letter, as a release name need
-not) of at most 50 characters (the SPMDJob limit, so the operator's child names stay valid).
+The prefix of the `helm test` SPMDJob's name; the test pod appends "-" and 5 characters of its
+uid. It starts with a letter (a release name need not) and stays within 44 characters, so the
+name is a DNS-1035 label of at most 50 (the SPMDJob limit that keeps child names valid).
 */}}
-{{- define "monarch-spmd.testJobName" -}}
-{{- printf "test-%s" (include "monarch-spmd.fullname" .) | trunc 50 | trimSuffix "-" }}
+{{- define "monarch-spmd.testJobPrefix" -}}
+{{- printf "test-%s" (include "monarch-spmd.fullname" .) | trunc 44 | trimSuffix "-" }}
 {{- end }}
