@@ -1,0 +1,3 @@
+"""Imported by mutate_state.py from the same folder."""
+
+VALUE = "sibling imported"
