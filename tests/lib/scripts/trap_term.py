@@ -1,5 +1,6 @@
-"""Prints "ready", then waits for SIGTERM; on it prints "got SIGTERM" and exits 42."""
+"""Prints "ready" and its pid, then waits for SIGTERM; on it prints "got SIGTERM" and exits 42."""
 
+import os
 import signal
 import sys
 import time
@@ -11,6 +12,6 @@ def on_term(signum, frame):
 
 
 signal.signal(signal.SIGTERM, on_term)
-print("ready", flush=True)
+print(f"ready pid {os.getpid()}", flush=True)
 time.sleep(300)
 sys.exit(1)
