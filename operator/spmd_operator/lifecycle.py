@@ -259,7 +259,8 @@ class _Failure:
         return out
 
 
-def _failures(spec: JobSpec, phase: str | None, current: Mapping[int, PodInfo], procs: int) -> list[_Failure]:
+def _failures(job: str, restart: int, spec: JobSpec, phase: str | None, current: Mapping[int, PodInfo],
+              procs: int) -> list[_Failure]:
     out: list[_Failure] = []
     for rank, pod in current.items():
         failed = pod.phase == FAILED or (pod.phase == PENDING and pod.reason in FATAL_WAITING_REASONS)
@@ -279,7 +280,7 @@ def _failures(spec: JobSpec, phase: str | None, current: Mapping[int, PodInfo], 
         for rank in range(procs):
             if rank not in current:
                 out.append(
-                    _Failure(rank, "", None, None, REASON_POD_MISSING,
+                    _Failure(rank, names.pod_name(job, restart, rank), None, None, REASON_POD_MISSING,
                              "the pod disappeared while the job was running",
                              is_permanent(spec, None, REASON_POD_MISSING), ("~~~", rank))
                 )
@@ -509,7 +510,7 @@ def reconcile(
     p.delete.extend(pod.name for pod in stale if not pod.deleting)
 
     # Failures of the current attempt.
-    failures = _failures(spec, phase, current, procs)
+    failures = _failures(name, restart, spec, phase, current, procs)
     if failures:
         permanent = [f for f in failures if f.permanent]
         root = permanent[0] if permanent else failures[0]

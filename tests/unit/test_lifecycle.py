@@ -328,6 +328,7 @@ def test_pod_lost_under_a_running_job_restarts_the_gang(how):
     assert new["restarts"] == 1
     assert plan.create == (0, 1, 2, 3)
     assert (new["failure"]["rank"], new["failure"]["reason"]) == (1, reason)
+    assert new["failure"]["pod"] == "hello-r0-1", "a vanished pod is still named"
     assert "exitCode" not in new["failure"]
 
 
