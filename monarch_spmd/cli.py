@@ -50,7 +50,7 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--filename", dest="manifest", help="an SPMDJob manifest (YAML)")
     p.add_argument("--mesh", help="ordered mesh, e.g. hosts=2,gpus=2 (the last dimension is local)")
     p.add_argument("--master-port", type=int, help="rank 0's port (default: a free one)")
-    p.add_argument("--max-restarts", type=int, help="gang restarts after a failure (default 0)")
+    p.add_argument("--max-restarts", type=int, help="gang restarts after a failure (default: the manifest's restartPolicy.maxRestarts, else 0)")
     p.add_argument("--rendezvous-timeout", type=float, help="seconds a worker waits for the master")
     p.add_argument("--local-rank-scope", choices=worker.LOCAL_RANK_SCOPES, help="mesh (default) or pod")
     p.add_argument("--role-name", help="ROLE_NAME (default: default)")

@@ -1,6 +1,6 @@
-"""Helpers for the library's process tests (worker, local runner) and Monarch tests.
+"""Fixtures for the library's process tests (worker, local runner) and Monarch tests.
 
-Everything here starts real processes and opens real sockets. Helper scripts live in
+Everything here starts real processes and opens real sockets. The scripts the tests run live in
 tests/lib/scripts/; actors that look inside Monarch procs live in tests/lib/spmd_actors.py, and
 PYTHONPATH is extended with the repository root so that Monarch's procs can import them.
 """
@@ -141,7 +141,7 @@ class LineReader:
 
 @pytest.fixture
 def spawn() -> Iterator:
-    """Starts processes in their own session (signals reach only them); kills leftovers after."""
+    """Starts processes each leading its own process group (signals reach only them); kills leftovers after."""
     started: list[subprocess.Popen[str]] = []
 
     def start(cmd: list[str], **kwargs) -> LineReader:

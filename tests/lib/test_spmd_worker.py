@@ -74,7 +74,7 @@ def test_a_child_killed_by_a_signal_gives_128_plus_the_signal():
 def test_sigterm_reaches_the_training_process(spawn):
     proc = spawn(worker_cmd(script("trap_term.py")), env=worker_inputs())
     proc.wait_for(r"^ready")
-    proc.proc.send_signal(signal.SIGTERM)  # to the worker only: it is its own session
+    proc.proc.send_signal(signal.SIGTERM)  # to the worker only: it leads its own process group
     assert proc.finish(60) == 42
     assert "got SIGTERM" in proc.text
 
