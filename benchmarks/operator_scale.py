@@ -22,8 +22,12 @@ all-Running time). JSON goes to ``benchmarks/out/operator_scale.json``.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
+import json
 import secrets
+import shutil
+import signal
+import statistics
+import subprocess
 import sys
 import time
 import traceback
@@ -32,7 +36,7 @@ from pathlib import Path
 from benchmarks import kube
 from benchmarks.cluster import (Cluster, PyTorchJobOperator, SpmdOperator, bench_cluster,
                                 pod_placement)
-from benchmarks.common import machine, machine_line, table, write_json
+from benchmarks.common import PY, REPO, machine, machine_line, python_env, table, write_json
 
 ACTORS = ("floor", "spmdjob", "pytorchjob")
 IMAGE = "python:3.11-slim"  # never pulled: kwok runs no containers
@@ -134,11 +138,37 @@ def controller_for(actor: str, cluster: Cluster, log_dir: Path):
     return None
 
 
-def trial(cluster: Cluster, actor: str, n: int, timeout: float, log_dir: Path) -> dict:
+def start_profiler(ctl, out: Path):
+    """py-spy sampling the controller (non-blocking: the process is never paused)."""
+    pyspy = shutil.which("py-spy")
+    if pyspy is None:
+        raise RuntimeError("--profile needs py-spy on PATH")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([pyspy, "record", "--pid", str(ctl.proc.pid), "--format", "raw",
+                             "--rate", "100", "--nonblocking", "--output", str(out)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(1.0)  # attached before the job is submitted
+    return proc, out
+
+
+def stop_profiler(profiler) -> str | None:
+    proc, out = profiler
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    return str(out) if out.exists() else None
+
+
+def trial(cluster: Cluster, actor: str, n: int, timeout: float, log_dir: Path, rep: int = 0,
+          profile_dir: Path | None = None) -> dict:
     """One job of N pods by one actor in a fresh namespace; returns its record."""
     admin = cluster.admin
     ns = f"bench-{actor}-{n}-{secrets.token_hex(3)}"
-    rec: dict = {"actor": actor, "procs": n, "namespace": ns, "ok": False}
+    rec: dict = {"actor": actor, "procs": n, "rep": rep, "namespace": ns, "ok": False}
+    floor = profiler = None
     admin.create("/api/v1/namespaces", {"metadata": {"name": ns}})
     ctl = controller_for(actor, cluster, log_dir / ns)
     ident = ctl.ident if ctl else cluster.identity("floor")
@@ -164,17 +194,26 @@ def trial(cluster: Cluster, actor: str, n: int, timeout: float, log_dir: Path) -
 
         t0 = time.time()
         deadline = time.monotonic() + timeout
+        floor = None
         if actor == "floor":
-            client = kube.Kube(ident.kubeconfig, pool=FLOOR_THREADS)
-            with cf.ThreadPoolExecutor(FLOOR_THREADS) as pool:
-                list(pool.map(lambda i: client.create(f"/api/v1/namespaces/{ns}/pods", floor_pod(ns, i)),
-                              range(n)))
-            rec["submit_s"] = time.time() - t0
+            floor = subprocess.Popen(
+                [PY, "-m", "benchmarks.floor_client", "--kubeconfig", str(ident.kubeconfig),
+                 "--namespace", ns, "--count", str(n), "--threads", str(FLOOR_THREADS)],
+                cwd=REPO, env=python_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            if floor.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"floor client did not start (exit {floor.wait()})")
+        if profile_dir is not None and ctl is not None:
+            profiler = start_profiler(ctl, profile_dir / f"{actor}-{n}-rep{rep}.txt")
+
+        t0 = time.time()
+        deadline = time.monotonic() + timeout
+        if floor is not None:
+            floor.stdin.write("go\n")
+            floor.stdin.flush()
         else:
             g, v, p = CUSTOM[actor]
             body = spmdjob(ns, n) if actor == "spmdjob" else pytorchjob(ns, n)
-            kube.Kube(ident.kubeconfig if actor == "floor" else cluster.kubeconfig).create(
-                f"/apis/{g}/{v}/namespaces/{ns}/{p}", body)
+            cluster.admin.create(f"/apis/{g}/{v}/namespaces/{ns}/{p}", body)
             rec["submit_s"] = time.time() - t0
 
         ok_created = pods.wait(lambda: len(pods.created) >= n, deadline)
@@ -184,6 +223,12 @@ def trial(cluster: Cluster, actor: str, n: int, timeout: float, log_dir: Path) -
             ok_phase = pods.wait(lambda: jt.running_at is not None, deadline)
         if ctl:
             ctl.check_alive()
+        if floor is not None:
+            out, _ = floor.communicate(timeout=max(10.0, deadline - time.monotonic()))
+            res = json.loads(out.strip().splitlines()[-1])
+            rec["submit_s"], rec["peak_rss_mib"] = res["submit_s"], res["peak_rss_mib"]
+            if res["errors"]:
+                raise RuntimeError(f"floor client: {res['errors']}")
         with pods.changed:
             if ok_created:
                 rec["created_s"] = sorted(pods.created.values())[n - 1] - t0
@@ -198,6 +243,9 @@ def trial(cluster: Cluster, actor: str, n: int, timeout: float, log_dir: Path) -
         rec["api_requests"] = after - before
         if ctl:
             rec["peak_rss_mib"] = ctl.peak_rss_mib()
+        if profiler is not None:
+            rec["profile"] = stop_profiler(profiler)
+            profiler = None
         rec["ok"] = ok_created and ok_running and ok_phase
         if not rec["ok"]:
             rec["error"] = (f"timed out after {timeout:.0f}s: {rec['pods_seen']}/{n} pods seen, "
@@ -207,6 +255,11 @@ def trial(cluster: Cluster, actor: str, n: int, timeout: float, log_dir: Path) -
         rec["error"] = f"{type(e).__name__}: {e}"
         rec["traceback"] = traceback.format_exc()[-3000:]
     finally:
+        if profiler is not None:
+            stop_profiler(profiler)
+        if floor is not None and floor.poll() is None:
+            floor.kill()
+            floor.wait()
         for w in watchers:
             w.stop()
         # Delete while the controller still runs (it may hold finalizers), then stop it.
@@ -217,20 +270,35 @@ def trial(cluster: Cluster, actor: str, n: int, timeout: float, log_dir: Path) -
     return rec
 
 
+METRICS = ("created_s", "running_s", "phase_running_s", "api_requests", "peak_rss_mib")
+
+
+def _median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
 def summarize(runs: list[dict], sizes: list[int], actors: list[str]) -> list[dict]:
+    """Median of each metric per (actor, N) over the successful repetitions, with ratios to
+    the floor's medians (the job-status phase against the floor's all-Running time)."""
+    med: dict[tuple[str, int], dict] = {}
+    for n in sizes:
+        for a in actors:
+            mine = [r for r in runs if r["actor"] == a and r["procs"] == n]
+            good = [r for r in mine if r["ok"]]
+            row = {"actor": a, "procs": n, "reps": len(mine), "ok_reps": len(good), "ok": bool(mine) and len(good) == len(mine)}
+            for k in METRICS:
+                row[k] = _median([r.get(k) for r in good])
+            row["errors"] = [r.get("error") for r in mine if not r["ok"]]
+            med[(a, n)] = row
     rows = []
     for n in sizes:
-        floor = next((r for r in runs if r["actor"] == "floor" and r["procs"] == n and r["ok"]), None)
+        floor = med.get(("floor", n), {})
         for a in actors:
-            r = next((x for x in runs if x["actor"] == a and x["procs"] == n), None)
-            if r is None:
-                continue
-            row = {k: r.get(k) for k in ("actor", "procs", "ok", "created_s", "running_s",
-                                           "phase_running_s", "api_requests", "peak_rss_mib", "error")}
+            row = med[(a, n)]
 
             def ratio(key: str, base_key: str | None = None):
-                base = floor.get(base_key or key) if floor else None
-                mine = r.get(key)
+                base, mine = floor.get(base_key or key), row.get(key)
                 return (mine / base) if (mine is not None and base) else None
 
             row["created_vs_floor"] = ratio("created_s")
@@ -248,8 +316,8 @@ def _x(v):
 def render(result: dict) -> str:
     m = result["machine"]
     head = (
-        "Operator scale on kwok nodes: seconds from submission (ratio to the no-operator floor); "
-        "API requests the controller made; its peak RSS\n"
+        f"Operator scale on kwok nodes: median of {result['params']['reps']}; seconds from submission "
+        "(ratio to the no-operator floor); API requests the controller made; its peak RSS\n"
         f"{machine_line(m)}\n"
     )
     rows = []
@@ -258,15 +326,16 @@ def render(result: dict) -> str:
             return None if r.get(key) is None else (
                 f"{r[key]:.2f}" + (f" ({_x(r[rk])})" if r.get(rk) is not None and r["actor"] != "floor" else ""))
         rows.append([
-            r["procs"], r["actor"], "yes" if r["ok"] else "NO",
+            r["procs"], r["actor"],
             cell("created_s", "created_vs_floor"), cell("running_s", "running_vs_floor"),
             cell("phase_running_s", "phase_running_vs_floor"),
             None if r.get("api_requests") is None else (
                 f"{r['api_requests']}" + (f" ({_x(r['requests_vs_floor'])})" if r["actor"] != "floor" and r.get("requests_vs_floor") else "")),
             None if r.get("peak_rss_mib") is None else f"{r['peak_rss_mib']:.0f}",
+            f"{r['ok_reps']}/{r['reps']}",
         ])
-    return head + table(["N", "actor", "ok", "all created s", "all Running s", "job Running s",
-                         "API requests", "peak RSS MiB"], rows)
+    return head + table(["N", "actor", "all created s", "all Running s", "job Running s",
+                         "API requests", "peak RSS MiB", "ok"], rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kwok-nodes", type=int, default=4)
     ap.add_argument("--trial-timeout", type=float, default=900.0, help="seconds per job")
     ap.add_argument("--state-dir", help="where the cluster and controller logs go (default: a temp dir)")
+    ap.add_argument("--reps", type=int, default=3, help="jobs per (actor, N); medians are reported")
+    ap.add_argument("--profile", metavar="DIR",
+                    help="sample the SPMDJob operator with py-spy during each of its jobs (raw stacks in DIR)")
     ap.add_argument("--json", help="output path (default benchmarks/out/operator_scale.json)")
     args = ap.parse_args(argv)
     if "floor" not in args.actors:
@@ -286,22 +358,26 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     with bench_cluster(args.kubeconfig, args.kwok_nodes, args.state_dir) as cluster:
         print(f"  cluster ready ({cluster.kubeconfig}); state in {cluster.state_dir}", file=sys.stderr, flush=True)
-        for i, n in enumerate(args.sizes):
-            k = i % len(args.actors)
-            for actor in args.actors[k:] + args.actors[:k]:
-                rec = trial(cluster, actor, n, args.trial_timeout, cluster.state_dir / "logs")
-                runs.append(rec)
-                brief = (f"created {rec.get('created_s', 0):.2f}s, running {rec.get('running_s', 0):.2f}s, "
-                         f"job {rec.get('phase_running_s') or 0:.2f}s, {rec.get('api_requests')} requests, "
-                         f"rss {rec.get('peak_rss_mib') or 0:.0f} MiB") if rec["ok"] else f"FAILED: {rec.get('error')}"
-                print(f"  N={n} {actor}: {brief}", file=sys.stderr, flush=True)
+        step = 0
+        for rep in range(args.reps):
+            for n in args.sizes:
+                k = step % len(args.actors)  # rotate: no actor always goes first
+                step += 1
+                for actor in args.actors[k:] + args.actors[:k]:
+                    rec = trial(cluster, actor, n, args.trial_timeout, cluster.state_dir / "logs", rep,
+                                Path(args.profile) if args.profile and actor == "spmdjob" else None)
+                    runs.append(rec)
+                    brief = (f"created {rec.get('created_s', 0):.2f}s, running {rec.get('running_s', 0):.2f}s, "
+                             f"job {rec.get('phase_running_s') or 0:.2f}s, {rec.get('api_requests')} requests, "
+                             f"rss {rec.get('peak_rss_mib') or 0:.0f} MiB") if rec["ok"] else f"FAILED: {rec.get('error')}"
+                    print(f"  rep {rep + 1}/{args.reps} N={n} {actor}: {brief}", file=sys.stderr, flush=True)
         state = str(cluster.state_dir)
 
     result = {
         "benchmark": "operator_scale",
         "command": " ".join(["python", "-m", "benchmarks.operator_scale", *(argv if argv is not None else sys.argv[1:])]),
         "machine": machine(),
-        "params": {"sizes": args.sizes, "actors": args.actors, "trial_timeout_s": args.trial_timeout,
+        "params": {"sizes": args.sizes, "actors": args.actors, "reps": args.reps, "trial_timeout_s": args.trial_timeout,
                    "floor_threads": FLOOR_THREADS, "kwok_nodes": args.kwok_nodes, "pytorchjob_version": "v1.9.3"},
         "elapsed_s": time.monotonic() - t_start,
         "state_dir": state,
