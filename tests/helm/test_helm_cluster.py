@@ -100,23 +100,24 @@ def wait_for_phase(cluster, namespace: str, job: str, phase: str, timeout: float
     raise AssertionError(f"spmdjob {namespace}/{job} not {phase}: {json.dumps(obj.get('status'), indent=1)}")
 
 
-@pytest.fixture
-def installed(cluster, namespace, crd):
-    """The chart installed in `namespace`, watching only it, with the session's own operator (if
-    any) stopped meanwhile so that one operator handles each job."""
+@pytest.fixture(params=["namespaced", "cluster-wide"])
+def installed(request, cluster, namespace, crd):
+    """The chart installed in `namespace` (watching only it: a Role there; or every namespace: the
+    ClusterRole), with the session's own operator (if any) stopped meanwhile so that one operator
+    handles each job."""
     had_operator = getattr(cluster, "operator_process", None) is not None
     if had_operator:
         cluster.stop_operator()
     release = "spmd"
     try:
+        scope = ["--set", f"watchNamespaces={{{namespace}}}"] if request.param == "namespaced" else []
         result = helm_cmd(
-            cluster, "install", release, str(CHART), "-n", namespace,
-            "--set", f"watchNamespaces={{{namespace}}}",
+            cluster, "install", release, str(CHART), "-n", namespace, *scope,
             "--set", "tests.timeoutSeconds=240",
             "--wait", "--timeout", "180s",
         )
         assert result.returncode == 0, result.stdout + result.stderr
-        yield release, result.stdout
+        yield release, result.stdout, request.param
     finally:
         helm_cmd(cluster, "uninstall", release, "-n", namespace, "--wait", "--timeout", "60s")
         if had_operator:
@@ -124,14 +125,15 @@ def installed(cluster, namespace, crd):
 
 
 def test_helm_install_then_helm_test(cluster, namespace, installed):
-    release, install_output = installed
+    release, install_output, mode = installed
     assert "STATUS: deployed" in install_output
     assert f"helm test {release} -n {namespace} --logs" in install_output  # NOTES.txt
     assert "NEVER upgrades" in install_output
     pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-l", "app.kubernetes.io/component=operator", "-o", "json").stdout)
     (pod,) = pods["items"]
     assert pod["status"]["phase"] == "Running"
-    assert pod["spec"]["containers"][0]["args"] == [f"--namespace={namespace}"]
+    expected_args = [f"--namespace={namespace}"] if mode == "namespaced" else ["--all-namespaces"]
+    assert pod["spec"]["containers"][0]["args"] == expected_args
 
     result = helm_cmd(cluster, "test", release, "-n", namespace, "--logs", "--timeout", "300s", timeout=360)
     operator_log = cluster.kubectl("logs", "-n", namespace, pod["metadata"]["name"], check=False)
