@@ -102,7 +102,7 @@ def test_namespaced_mode(render):
     objects = render("--set", "watchNamespaces={team-a,team-b}")
     _, container = operator_container(objects)
     assert container["command"] == ["python", "-m", "spmd_operator"]
-    assert container["args"] == ["--namespace=team-a", "--namespace=team-b"]
+    assert container["args"] == ["--namespace=team-a", "--namespace=team-b", "--liveness=http://0.0.0.0:8080/healthz"]
     cluster_role = one(objects, "ClusterRole")
     assert cluster_role["rules"] == [CRD_RULE, NAMESPACES_RULE]
     roles = [o for o in by_kind(objects, "Role") if component(o) != "test"]
@@ -128,7 +128,7 @@ def test_operator_deployment_defaults(render):
     spec = deployment["spec"]
     assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
     assert container["command"] == ["python", "-m", "spmd_operator"]
-    assert container["args"] == ["--all-namespaces"]
+    assert container["args"] == ["--all-namespaces", "--liveness=http://0.0.0.0:8080/healthz"]
     assert container["image"] == "monarch-spmd/operator:0.1.0"
     assert container["imagePullPolicy"] == "IfNotPresent"
     pod = spec["template"]["spec"]
@@ -158,6 +158,9 @@ def test_operator_security_context(render):
 def test_operator_probes_hit_kopf_health_endpoint(render):
     _, container = operator_container(render())
     assert container["ports"] == [{"name": "health", "containerPort": 8080, "protocol": "TCP"}]
+    _, moved = operator_container(render("--set", "healthPort=9090"))
+    assert moved["args"][-1] == "--liveness=http://0.0.0.0:9090/healthz"
+    assert moved["ports"][0]["containerPort"] == 9090
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
         assert container[probe]["periodSeconds"] >= 1
@@ -264,6 +267,7 @@ def test_names_stay_valid_for_long_and_odd_release_names(render, release):
         (["--set", "healthPort=80"], "/healthPort"),
         (["--set", "resources.requests.cpu=lots"], "/resources/requests/cpu"),
         (["--set", "extraArgs={--namespace=x}"], "/extraArgs/0"),
+        (["--set", "extraArgs={--liveness=http://0.0.0.0:9/healthz}"], "/extraArgs/0"),
         (["--set", "tests.mesh[0].size=0"], "/tests/mesh/0/size"),
         (["--set", "tests.gpusPerProc=-1"], "/tests/gpusPerProc"),
         (["--set", "tests.timeoutSeconds=5"], "/tests/timeoutSeconds"),

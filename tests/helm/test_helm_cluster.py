@@ -132,8 +132,8 @@ def test_helm_install_then_helm_test(cluster, namespace, installed):
     pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-l", "app.kubernetes.io/component=operator", "-o", "json").stdout)
     (pod,) = pods["items"]
     assert pod["status"]["phase"] == "Running"
-    expected_args = [f"--namespace={namespace}"] if mode == "namespaced" else ["--all-namespaces"]
-    assert pod["spec"]["containers"][0]["args"] == expected_args
+    scope = [f"--namespace={namespace}"] if mode == "namespaced" else ["--all-namespaces"]
+    assert pod["spec"]["containers"][0]["args"] == [*scope, "--liveness=http://0.0.0.0:8080/healthz"]
 
     result = helm_cmd(cluster, "test", release, "-n", namespace, "--logs", "--timeout", "300s", timeout=360)
     operator_log = cluster.kubectl("logs", "-n", namespace, pod["metadata"]["name"], check=False)
