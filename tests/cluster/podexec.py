@@ -49,16 +49,21 @@ def main() -> None:
     mount("none", "/", MS_REC | MS_SLAVE)
     hostname = spec["hostname"].encode()
     check(libc.sethostname(hostname, len(hostname)), "sethostname")
-    for m in spec["mounts"]:
+    # Hold every source open before mounting any: a volume mounted over a parent folder (an
+    # emptyDir at /tmp, say) would otherwise hide the sources that live beneath it.
+    sources = [os.open(m["source"], os.O_PATH) for m in spec["mounts"]]
+    for m, fd in zip(spec["mounts"], sources):
         target = m["target"]
-        if os.path.isdir(m["source"]):
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
             os.makedirs(target, exist_ok=True)
         elif not os.path.exists(target):
             os.makedirs(os.path.dirname(target), exist_ok=True)
             open(target, "a").close()
-        mount(m["source"], target, MS_BIND | MS_REC)
+        mount(f"/proc/self/fd/{fd}", target, MS_BIND | MS_REC)
         if m.get("readOnly"):
             mount("none", target, MS_REMOUNT | MS_BIND | MS_RDONLY)
+    for fd in sources:
+        os.close(fd)
     os.makedirs(spec["cwd"], exist_ok=True)  # a runtime creates a missing workingDir
     os.chdir(spec["cwd"])
     os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
