@@ -24,6 +24,10 @@ if have_all "$BIN"; then echo "$BIN"; exit 0; fi
 
 command -v go >/dev/null || { echo "build-binaries: Go is required (https://go.dev); none on PATH" >&2; exit 1; }
 mkdir -p "$BIN"
+# One build at a time per machine: a second caller waits, then finds the binaries.
+exec 9>"$CACHE/build.lock"
+flock 9
+if have_all "$BIN"; then echo "$BIN"; exit 0; fi
 WORK="$(mktemp -d "$CACHE/build.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 export GOFLAGS="${GOFLAGS:-} -mod=mod" CGO_ENABLED=0 GOTOOLCHAIN=local
@@ -80,7 +84,10 @@ if [ ! -x "$BIN/kwok" ]; then
 fi
 if [ ! -x "$BIN/helm" ]; then
   log "building helm $HELM_VERSION"
-  GOBIN="$BIN" go install -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >&2
+  # Stamp the Kubernetes version helm assumes offline (`helm template`, `helm lint`), else 1.20.
+  kv="-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$minor"
+  kv="$kv -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$minor"
+  GOBIN="$BIN" go install -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION $kv" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >&2
 fi
 
 have_all "$BIN" || { echo "build-binaries: some binaries are missing from $BIN" >&2; exit 1; }
