@@ -8,7 +8,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# Pinned inside pyproject's ranges (kopf>=1.37,<2; kubernetes>=30; pyyaml>=6).
+# Pinned inside pyproject's ranges (kopf>=1.45,<1.46; kubernetes>=30; pyyaml>=6).
 RUN pip install kopf==1.45.2 kubernetes==37.0.2 pyyaml==6.0.3
 
 WORKDIR /src
