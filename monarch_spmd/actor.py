@@ -28,7 +28,8 @@ Where it does better than the original (each point is also in the docstring conc
 * ``["-m"]`` alone, or an empty list, is a ValueError naming ``script_args``;
 * a mesh without dimensions works (one proc);
 * ``get_host_port`` returns an address other hosts can reach, never a bare host name that may
-  resolve only locally, and a port free on that address;
+  resolve only locally, and a port free on that address, chosen below the kernel's ephemeral
+  range so that no outgoing connection takes it before rank 0 binds it (:mod:`monarch_spmd.ports`);
 * ``setup_torch_elastic_env`` checks "both or neither" of master address and port with a
   ValueError, not an ``assert`` that ``python -O`` removes.
 """
@@ -46,6 +47,7 @@ from typing import Any
 from monarch.actor import Actor, current_rank, endpoint
 
 from . import contract
+from .ports import free_port
 
 __all__ = ["SPMDActor", "SPMDScriptExit", "setup_torch_elastic_env", "setup_torch_elastic_env_async"]
 
@@ -133,14 +135,6 @@ def reachable_address(use_ipaddr: Any = None) -> str:
         except OSError:
             pass
     return "127.0.0.1" if families[0] == socket.AF_INET else "::1"
-
-
-def free_port(addr: str) -> int:
-    """A TCP port free on ``addr`` now (bind port 0, read it back, close)."""
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((addr, 0))
-        return int(s.getsockname()[1])
 
 
 def _check_script_args(script_args: Any) -> list[str]:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import os
 import selectors
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -39,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
 from . import contract, spec, worker
+from .ports import free_port
 
 #: The master address of local runs: every proc is on this machine.
 LOCAL_MASTER_ADDR: Final = "127.0.0.1"
@@ -176,10 +176,8 @@ def load_manifest(path: str) -> LocalJob:
 
 
 def free_local_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOCAL_MASTER_ADDR, 0))
-        return int(s.getsockname()[1])
+    """A TCP port free on 127.0.0.1 now, and unlikely to be taken before rank 0 binds it."""
+    return free_port(LOCAL_MASTER_ADDR)
 
 
 class _Interrupted(Exception):

@@ -10,7 +10,6 @@ the kwok taint land on simulated nodes.
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from monarch_spmd import ports
 from tests.cluster import KWOK_TOLERATION, PROCESS_NODE, LocalCluster
 
 GROUP, VERSION, PLURAL = "spmd.monarch.dev", "v1alpha1", "spmdjobs"
@@ -28,9 +28,7 @@ JOB_LABEL = "spmd.monarch.dev/job"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return ports.free_port("127.0.0.1")
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from monarch_spmd import ports
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
@@ -28,9 +29,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return ports.free_port("127.0.0.1")
 
 
 def script(name: str) -> str:
