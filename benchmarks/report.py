@@ -1,0 +1,35 @@
+"""Print the latest tables of every benchmark from benchmarks/out/*.json, as Markdown.
+
+    python -m benchmarks.report
+
+Used to refresh benchmarks/RESULTS.md after a full run: each section gives the command that made
+it, the machine and the table the benchmark printed.
+"""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks import gang_restart, launch_overhead, operator_scale
+from benchmarks.common import OUT_DIR
+
+SECTIONS = (
+    ("launch_overhead", "Launch overhead", launch_overhead.render),
+    ("operator_scale", "Operator scale", operator_scale.render),
+    ("gang_restart", "Gang restart", gang_restart.render),
+)
+
+
+def main() -> int:
+    for name, title, render in SECTIONS:
+        path = OUT_DIR / f"{name}.json"
+        if not path.exists():
+            print(f"## {title}\n\n(no results: run `python -m benchmarks.{name}`)\n")
+            continue
+        data = json.loads(path.read_text())
+        print(f"## {title}\n\n`{data['command']}`\n\n```\n{render(data)}\n```\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
