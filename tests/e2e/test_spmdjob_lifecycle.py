@@ -149,3 +149,30 @@ def test_pod_deleted_from_under_a_running_job_restarts_the_gang(running_operator
     assert job["status"]["failure"]["pod"] == "victim-r0-1"
     assert get_job(c, namespace, "victim")["status"]["phase"] == "Running"
     c.kubectl("delete", "spmdjob", "victim", "-n", namespace, "--wait=false")
+
+
+def test_active_deadline_fails_the_job_and_stops_its_pods(running_operator, namespace):
+    c = running_operator
+    args = ["-m", "monarch_spmd.examples.fail_once", "--rank", "9", "--sleep", "300"]
+    apply(c, namespace, job_manifest("late", [("procs", 2)], args, activeDeadlineSeconds=5))
+    job = wait_phase(c, namespace, "late", "Failed", timeout=120)
+    assert job["status"]["failure"]["reason"] == "DeadlineExceeded", job["status"]["failure"]
+    wait_until(lambda: all(p.metadata.deletion_timestamp or p.status.phase in ("Succeeded", "Failed")
+                           for p in job_pods(c, namespace, "late")),
+               60, "the finished job's pods stopped")
+
+
+def test_ttl_after_finished_deletes_the_job(running_operator, namespace):
+    c = running_operator
+    args = ["-m", "monarch_spmd.examples.fail_once", "--rank", "9"]
+    apply(c, namespace, job_manifest("brief", [("procs", 2)], args, ttlSecondsAfterFinished=2))
+    wait_phase(c, namespace, "brief", "Succeeded", timeout=120)
+    api = client.CustomObjectsApi(c.api_client())
+
+    def deleted() -> bool:
+        names = [j["metadata"]["name"] for j in api.list_namespaced_custom_object(
+            "spmd.monarch.dev", "v1alpha1", namespace, "spmdjobs")["items"]]
+        return "brief" not in names
+
+    wait_until(deleted, 60, "the finished job deleted after its TTL")
+    wait_until(lambda: not job_pods(c, namespace, "brief"), 60, "its pods garbage-collected")
