@@ -330,7 +330,7 @@ def render(result: dict) -> str:
             cell("created_s", "created_vs_floor"), cell("running_s", "running_vs_floor"),
             cell("phase_running_s", "phase_running_vs_floor"),
             None if r.get("api_requests") is None else (
-                f"{r['api_requests']}" + (f" ({_x(r['requests_vs_floor'])})" if r["actor"] != "floor" and r.get("requests_vs_floor") else "")),
+                f"{r['api_requests']:g}" + (f" ({_x(r['requests_vs_floor'])})" if r["actor"] != "floor" and r.get("requests_vs_floor") else "")),
             None if r.get("peak_rss_mib") is None else f"{r['peak_rss_mib']:.0f}",
             f"{r['ok_reps']}/{r['reps']}",
         ])
