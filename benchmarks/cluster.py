@@ -121,6 +121,8 @@ def bench_cluster(kubeconfig: str | os.PathLike | None = None, kwok_nodes: int =
         if nodes is not None:
             nodes.stop()
         cp.stop()
+        # etcd's data is the bulk of the state folder; the component logs stay for a look.
+        shutil.rmtree(cp.state_dir / "etcd", ignore_errors=True)
 
 
 def ensure_pytorchjob() -> Path:
