@@ -46,7 +46,7 @@ from . import builders, kube, lifecycle, names
 
 logger = logging.getLogger(__name__)
 
-#: A pass waits this long after being woken, so a burst of pod events becomes one pass.
+#: At most one pass per this many seconds, so a burst of pod events becomes one pass.
 COALESCE_SECONDS: Final = 0.3
 #: A job is reconciled at least this often even without events.
 RESYNC_SECONDS: Final = 60.0
@@ -159,8 +159,10 @@ class Controller:
 
     async def _run(self, loop: JobLoop) -> None:
         errors = 0
+        clock = asyncio.get_running_loop().time
         while True:
             loop.wake.clear()
+            started = clock()
             try:
                 delay = await self.reconcile_once(loop)
                 errors = 0
@@ -180,7 +182,9 @@ class Controller:
                 await asyncio.wait_for(loop.wake.wait(), timeout=timeout)
             except asyncio.TimeoutError:
                 pass
-            await asyncio.sleep(COALESCE_SECONDS)
+            # Leading-edge coalescing: a wake-up after a quiet spell is served at once; a burst of
+            # pod events within COALESCE_SECONDS of the last pass becomes one more pass.
+            await asyncio.sleep(max(0.0, COALESCE_SECONDS - (clock() - started)))
 
     async def reconcile_once(self, loop: JobLoop, now: dt.datetime | None = None) -> float | None:
         """One pass over job ``loop``: decide, then write status, delete, create, post Events.
@@ -298,6 +302,18 @@ class _QuietEventHandlers(logging.Filter):
         return not any(message == f"Handler {h!r} succeeded." for h in self._HANDLERS)
 
 
+class _NoDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """kopf's diff base, never built: no handler here reacts to field changes.
+
+    Every handler is an ``on.event`` or an index, so diffs are never read; kopf would still
+    deep-copy every pod body on every watch event to build one (16% of the operator's CPU while
+    a 1,024-proc job starts, by profile).
+    """
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+
 def configure_settings(settings: kopf.OperatorSettings) -> None:
     """The kopf settings the operator relies on (also applied under ``kopf run``)."""
     objects_logger = logging.getLogger("kopf.objects")
@@ -307,7 +323,7 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
     settings.posting.level = logging.WARNING
     # Nothing of kopf's goes into status (the schema would prune it); keep it in annotations.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.GROUP)
+    settings.persistence.diffbase_storage = _NoDiffBase(prefix=names.GROUP)
     settings.persistence.finalizer = f"{names.GROUP}/finalizer"
     # Watches end on the server side before proxies cut them; the client gives a little more.
     settings.watching.server_timeout = 270
