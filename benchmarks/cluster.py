@@ -33,6 +33,7 @@ from pathlib import Path
 
 from benchmarks import kube
 from benchmarks.common import PY, REPO
+from tests.cluster.controlplane import stop_process_group
 
 KWOK_NODE_SELECTOR = {"type": "kwok"}
 KWOK_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
@@ -181,7 +182,7 @@ class Controller:
 
     def stop(self) -> None:
         if self.proc is not None:
-            kube.stop_process(self.proc)
+            stop_process_group(self.proc)
             self.proc = None
 
 

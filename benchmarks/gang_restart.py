@@ -23,7 +23,7 @@ import traceback
 from benchmarks import kube
 from benchmarks.cluster import SpmdOperator, bench_cluster
 from benchmarks.common import machine, machine_line, table, write_json
-from benchmarks.operator_scale import CUSTOM, IMAGE, JOB, POD_SELECTOR, spmdjob
+from benchmarks.operator_scale import CUSTOM, IMAGE, POD_SELECTOR, spmdjob
 
 LABEL_RANK = "spmd.monarch.dev/rank"
 LABEL_RESTART = "spmd.monarch.dev/restart"

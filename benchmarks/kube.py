@@ -18,9 +18,7 @@ import base64
 import json
 import os
 import re
-import signal
 import ssl
-import subprocess
 import tempfile
 import threading
 import time
@@ -308,25 +306,6 @@ def vm_hwm_mib(pid: int) -> float | None:
     except OSError:
         pass
     return None
-
-
-def stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """SIGTERM the process group led by `proc`, SIGKILL after `grace` seconds."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=grace)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 def delete_namespace(admin: Kube, name: str, timeout: float = 300.0,

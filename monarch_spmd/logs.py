@@ -29,7 +29,7 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Any, Final
 
 JOB_LABEL: Final = "spmd.monarch.dev/job"

@@ -8,7 +8,6 @@ Prints one line per rank; exits 1 when the sum is wrong.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from datetime import timedelta
 

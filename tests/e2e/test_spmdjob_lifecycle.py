@@ -127,6 +127,7 @@ def test_suspend_deletes_pods_and_resume_recreates_them(running_operator, namesp
     c.kubectl("patch", "spmdjob", "pausable", "-n", namespace, "--type=merge",
               "-p", '{"spec":{"suspend":false}}')
     job = wait_phase(c, namespace, "pausable", "Running", timeout=120)
+    assert job["status"]["running"] == 2
     assert len(job_pods(c, namespace, "pausable")) == 2
     reasons = [e.reason for e in job_events(c, namespace, "pausable")]
     assert "Suspended" in reasons and "Resumed" in reasons, reasons

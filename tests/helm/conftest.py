@@ -4,7 +4,7 @@ tests/cluster/build-binaries.sh, like the test cluster's other binaries) and a r
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 

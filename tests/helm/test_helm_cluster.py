@@ -15,7 +15,6 @@ import json
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 import yaml
