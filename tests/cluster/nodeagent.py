@@ -56,6 +56,12 @@ from tests.cluster.podnetwork import ApiProxy, Bridge, ClusterDNS, watch_forever
 log = logging.getLogger("nodeagent")
 
 PODEXEC: Final = Path(__file__).with_name("podexec.py")
+#: Host folders every pod runs from (the image is ignored): the repository, whose packages are
+#: installed in editable mode, and the interpreter. A pod volume mounted over a parent of one of
+#: them (an emptyDir at /tmp while the checkout lives under /tmp) must not hide it.
+HOST_PATHS_PODS_NEED: Final = sorted({str(Path(__file__).resolve().parents[2]),
+                                      os.path.realpath(sys.prefix),
+                                      os.path.realpath(sys.base_prefix)})
 HEARTBEAT_SECONDS: Final = 10
 RESTART_BACKOFF_SECONDS: Final = 1.0
 MESSAGE_BYTES: Final = 2048  # what kubelet keeps of the log for a termination message
@@ -293,7 +299,8 @@ class PodRuntime:
         spec_file = self.dir / f"{c.name}.json"
         spec_file.write_text(json.dumps({
             "hostname": (self.pod.spec.hostname or self.name)[:63], "mounts": mounts, "env": env,
-            "cwd": c.spec.working_dir or str(self.dir / "work"), "argv": argv}))
+            "cwd": c.spec.working_dir or str(self.dir / "work"), "argv": argv,
+            "keep": HOST_PATHS_PODS_NEED}))
         helper = [sys.executable, str(PODEXEC), str(spec_file)]
         return helper if self.host_network else ["ip", "netns", "exec", self.netns, *helper]
 

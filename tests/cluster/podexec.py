@@ -8,6 +8,7 @@ process a private mount namespace and bind-mounted /etc/netns/<netns>/{hosts,res
 
 - gives the pod its own UTS namespace with the pod's hostname,
 - bind-mounts each volume folder prepared by the agent at its mountPath (read-only if asked),
+  then binds back the host folders the pod runs from ("keep") where a volume hid them,
 - changes to the working directory and execs the command with exactly the pod's env.
 
 It is standalone on purpose (standard library only, no project imports): the agent runs it with
@@ -15,7 +16,7 @@ the host interpreter before anything of the pod exists. Exit code 127 means the 
 not be started (the agent reports it as a StartError).
 
 spec.json: {"hostname": str, "mounts": [{"source", "target", "readOnly"}], "env": {..},
-"cwd": str, "argv": [..]}
+"cwd": str, "argv": [..], "keep": [host folder, ..]}
 """
 
 import ctypes
@@ -52,6 +53,7 @@ def main() -> None:
     # Hold every source open before mounting any: a volume mounted over a parent folder (an
     # emptyDir at /tmp, say) would otherwise hide the sources that live beneath it.
     sources = [os.open(m["source"], os.O_PATH) for m in spec["mounts"]]
+    keep = [(path, os.open(path, os.O_PATH)) for path in spec.get("keep", [])]
     for m, fd in zip(spec["mounts"], sources):
         target = m["target"]
         if os.path.isdir(f"/proc/self/fd/{fd}"):
@@ -62,7 +64,14 @@ def main() -> None:
         mount(f"/proc/self/fd/{fd}", target, MS_BIND | MS_REC)
         if m.get("readOnly"):
             mount("none", target, MS_REMOUNT | MS_BIND | MS_RDONLY)
-    for fd in sources:
+    # The pod runs from host folders (the repository, the interpreter): a volume mounted over one
+    # of their parents hid them, so bind them back on top, inside this private view only.
+    for path, fd in keep:
+        if any(path.startswith(m["target"].rstrip("/") + "/")
+               for m in spec["mounts"]):
+            os.makedirs(path, exist_ok=True)
+            mount(f"/proc/self/fd/{fd}", path, MS_BIND | MS_REC)
+    for fd in sources + [fd for _, fd in keep]:
         os.close(fd)
     os.makedirs(spec["cwd"], exist_ok=True)  # a runtime creates a missing workingDir
     os.chdir(spec["cwd"])

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 from tests.cluster import KWOK_TOLERATION, PROCESS_NODE, LocalCluster
+from tests.cluster.localcluster import REPO_ROOT
 
 pytestmark = pytest.mark.cluster
 
@@ -374,3 +375,21 @@ def test_init_container_then_restart_on_failure_sharing_an_empty_dir(cluster: Lo
     assert done["status"]["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
     assert cluster.pod_log(namespace, "retry", "main").splitlines() == [
         "prepared", "prepared", "second run ok"]
+
+
+def test_volume_over_a_parent_of_the_checkout_keeps_the_project_importable(
+        cluster: LocalCluster, namespace: str) -> None:
+    # The Helm chart mounts an emptyDir at /tmp; CI may clone the repository under /tmp. The
+    # pod must see the emptyDir there and still run the project from the host.
+    parent = str(REPO_ROOT.parent)
+    code = ("import os, spmd_operator, monarch_spmd; "
+            f"open({parent!r} + '/scratch-marker', 'w').write('x'); "
+            f"print('imported; parent is the volume:', os.listdir({parent!r}))")
+    apply(cluster, namespace, python_pod(
+        "hidden", code, container={"volumeMounts": [{"name": "scratch", "mountPath": parent}]},
+        volumes=[{"name": "scratch", "emptyDir": {}}]))
+    pod = wait_phase(cluster, namespace, "hidden", "Succeeded", "Failed")
+    log = cluster.pod_log(namespace, "hidden")
+    assert pod["status"]["phase"] == "Succeeded", log
+    assert "imported" in log and "scratch-marker" in log, log
+    assert not (REPO_ROOT.parent / "scratch-marker").exists()  # written to the volume, not the host
