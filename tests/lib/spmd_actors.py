@@ -12,25 +12,7 @@ from datetime import timedelta
 
 from monarch.actor import Actor, endpoint
 
-CONTRACT_VARS = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "GROUP_WORLD_SIZE",
-    "ROLE_RANK",
-    "ROLE_WORLD_SIZE",
-    "ROLE_NAME",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_MAX_RESTARTS",
-    "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_USE_AGENT_STORE",
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-    "OMP_NUM_THREADS",
-)
+from monarch_spmd.examples.check_env import CONTRACT_VARS  # the variables a rank must see
 
 
 class Probe(Actor):
