@@ -34,6 +34,8 @@ import asyncio
 import copy
 import datetime as dt
 import logging
+import os
+import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -321,6 +323,9 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
         objects_logger.addFilter(_QuietEventHandlers())
     # Handler log lines become Events only from WARNING up; transitions are posted explicitly.
     settings.posting.level = logging.WARNING
+    # `kubectl describe spmdjob` shows this in its Events' "From" column.
+    settings.posting.reporting_component = "spmdjob-operator"
+    settings.posting.reporting_instance = os.environ.get("POD_NAME") or socket.gethostname()
     # Nothing of kopf's goes into status (the schema would prune it); keep it in annotations.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
     settings.persistence.diffbase_storage = _NoDiffBase(prefix=names.GROUP)

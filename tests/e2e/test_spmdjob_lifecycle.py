@@ -47,9 +47,11 @@ def test_mesh_2x2_runs_gloo_all_reduce_and_ddp_then_succeeds(running_operator, n
     header, row = table[0].split(), table[1].split()
     assert header[:6] == ["NAME", "MESH", "PROCS", "RUNNING", "PHASE", "RESTARTS"], header
     assert row[:3] == ["hello", "hosts=2,gpus=2", "4"] and row[4:6] == ["Succeeded", "0"], row
-    reasons = [e.reason for e in job_events(c, namespace, "hello")]
+    events = job_events(c, namespace, "hello")
+    reasons = [e.reason for e in events]
     for expected in ("Created", "Running", "Succeeded"):
         assert expected in reasons, reasons
+    assert {e.source.component for e in events} == {"spmdjob-operator"}
     conditions = {cond["type"]: cond["status"] for cond in status["conditions"]}
     assert conditions.get("Succeeded") == "True", status["conditions"]
 
