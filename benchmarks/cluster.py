@@ -1,8 +1,8 @@
 """The cluster the operator benchmarks run on, and the controllers under test.
 
 ``bench_cluster()`` either attaches to a running cluster (``--kubeconfig``, e.g. one started with
-``python -m tests.cluster up``) or starts the project's test cluster itself through its API
-(``tests.cluster``: a real etcd + kube-apiserver + controller-manager + scheduler on loopback, and
+``python -m devcluster up``) or starts the project's test cluster itself through its API
+(``devcluster``: a real etcd + kube-apiserver + controller-manager + scheduler on loopback, and
 kwok fake nodes). Pods land on kwok nodes only with the kwok toleration and node selector, which
 every workload here sets.
 
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from benchmarks import kube
 from benchmarks.common import PY, REPO
-from tests.cluster.controlplane import stop_process_group
+from devcluster.controlplane import stop_process_group
 
 KWOK_NODE_SELECTOR = {"type": "kwok"}
 KWOK_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
@@ -95,7 +95,7 @@ def bench_cluster(kubeconfig: str | os.PathLike | None = None, kwok_nodes: int =
                   state_dir: str | os.PathLike | None = None,
                   bin_dir: str | os.PathLike | None = None) -> Iterator[Cluster]:
     """A cluster with kwok nodes: the one `kubeconfig` names (e.g. the `cluster` test fixture's,
-    or one from `python -m tests.cluster up`), or, without one, the test cluster's control plane
+    or one from `python -m devcluster up`), or, without one, the test cluster's control plane
     and kwok nodes started here (no process node: nothing here runs a real container)."""
     state = Path(state_dir or tempfile.mkdtemp(prefix="spmd-bench-"))
     state.mkdir(parents=True, exist_ok=True)
@@ -104,9 +104,9 @@ def bench_cluster(kubeconfig: str | os.PathLike | None = None, kwok_nodes: int =
         yield Cluster(Path(kubeconfig), Path(bin_dir) if bin_dir else None, state, kube.Kube(kubeconfig))
         return
     sys.path.insert(0, str(REPO))
-    from tests.cluster.binaries import ensure_binaries
-    from tests.cluster.controlplane import ControlPlane
-    from tests.cluster.kwoknodes import KwokNodes
+    from devcluster.binaries import ensure_binaries
+    from devcluster.controlplane import ControlPlane
+    from devcluster.kwoknodes import KwokNodes
 
     bin_dir = ensure_binaries()
     cp = ControlPlane(bin_dir, state / "cluster")
@@ -196,7 +196,7 @@ class SpmdOperator(Controller):
     def command(self):
         env = dict(os.environ, KUBECONFIG=str(self.ident.kubeconfig), PYTHONUNBUFFERED="1")
         env["PYTHONPATH"] = os.pathsep.join(p for p in [str(REPO / "operator"), str(REPO), env.get("PYTHONPATH", "")] if p)
-        from tests.cluster.controlplane import free_port
+        from devcluster.controlplane import free_port
 
         # Its own health port: the default (0.0.0.0:8080) may be taken on a shared machine.
         return [PY, "-m", "spmd_operator", "--all-namespaces",
@@ -219,7 +219,7 @@ class PyTorchJobOperator(Controller):
                  exist_ok=True)
 
     def command(self):
-        from tests.cluster.controlplane import free_port
+        from devcluster.controlplane import free_port
 
         self.probe_port = free_port()
         env = dict(os.environ, KUBECONFIG=str(self.ident.kubeconfig), MY_POD_NAMESPACE=PYTORCHJOB_NAMESPACE)

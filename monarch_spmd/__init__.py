@@ -1,7 +1,7 @@
 """monarch_spmd: torchrun-style SPMD training on Monarch meshes, local processes and Kubernetes.
 
 The package's public face. Importing it needs only the standard library: the env contract
-(:mod:`monarch_spmd.contract`) is exported here directly, while the Monarch pieces
+(:mod:`monarch_spmd.payload.contract`) is exported here directly, while the Monarch pieces
 (``SPMDActor``, ``setup_torch_elastic_env``, ``setup_torch_elastic_env_async``,
 ``SPMDScriptExit``) load :mod:`monarch_spmd.actor`, and with it ``torchmonarch``, on first use.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .contract import (
+from .payload.contract import (
     DEFAULT_ROLE_NAME,
     MAX_DIMS,
     MAX_PROCS,

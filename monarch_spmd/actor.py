@@ -1,6 +1,6 @@
 """SPMDActor and setup_torch_elastic_env: torchrun-style scripts over a real Monarch ProcMesh.
 
-Where it sits: above :mod:`monarch_spmd.contract` (which builds every variable), beside the worker;
+Where it sits: above :mod:`monarch_spmd.payload.contract` (which builds every variable), beside the worker;
 nothing in the project below this module imports it, and ``import monarch_spmd`` loads it only on
 first use of one of its names, because it needs ``torchmonarch``.
 
@@ -46,7 +46,7 @@ from typing import Any
 
 from monarch.actor import Actor, current_rank, endpoint
 
-from . import contract
+from .payload import contract
 from .ports import free_port
 
 __all__ = ["SPMDActor", "SPMDScriptExit", "setup_torch_elastic_env", "setup_torch_elastic_env_async"]
@@ -186,7 +186,7 @@ class SPMDActor(Actor):
 
     Rank and mesh come from Monarch's ``current_rank()`` when the actor is created: its extent's
     labels and sizes are the ordered mesh, the last dimension being the local ("per host") one.
-    The variables are those of :func:`monarch_spmd.contract.torch_elastic_env` (the full torchrun
+    The variables are those of :func:`monarch_spmd.payload.contract.torch_elastic_env` (the full torchrun
     table: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
     ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT,
     TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID, TORCHELASTIC_USE_AGENT_STORE,

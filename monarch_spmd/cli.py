@@ -19,7 +19,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from . import runner, worker
+from . import runner
+from .payload import worker
 
 USAGE = """usage: monarch-spmd {run,worker,logs} ...
 

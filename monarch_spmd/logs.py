@@ -32,13 +32,12 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Any, Final
 
-JOB_LABEL: Final = "spmd.monarch.dev/job"
-RANK_LABEL: Final = "spmd.monarch.dev/rank"
-RESTART_LABEL: Final = "spmd.monarch.dev/restart"
-GROUP: Final = "spmd.monarch.dev"
-VERSION: Final = "v1alpha1"
-PLURAL: Final = "spmdjobs"
-CONTAINER: Final = "trainer"
+from .payload.names import GROUP, PLURAL, VERSION
+from .payload.names import LABEL_JOB as JOB_LABEL
+from .payload.names import LABEL_RANK as RANK_LABEL
+from .payload.names import LABEL_RESTART as RESTART_LABEL
+from .payload.names import TRAINER_CONTAINER as CONTAINER
+
 #: Seconds between looks for pods that do not exist, or containers that have not started, yet.
 POLL_SECONDS: Final = 1.0
 

@@ -1,6 +1,6 @@
 """Choosing rank 0's port: a TCP port that is free now and that nothing else will take first.
 
-Where it sits: beside :mod:`monarch_spmd.contract` at the bottom of the library (standard library
+Where it sits: beside :mod:`monarch_spmd.payload.contract` at the bottom of the library (standard library
 only); the Monarch actor's ``get_host_port`` and the local runner use it.
 
 Binding port 0 and closing the socket, as torchrun and the original monarch.spmd do, returns a

@@ -37,7 +37,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
-from . import contract, spec, worker
+from . import spec
+from .payload import contract, worker
 from .ports import free_port
 
 #: The master address of local runs: every proc is on this machine.
@@ -255,7 +256,7 @@ class _Gang:
                 local_rank_scope=job.local_rank_scope,
             )
             popen = subprocess.Popen(
-                [self.python, "-m", "monarch_spmd.worker", "--", *job.args],
+                [self.python, "-m", "monarch_spmd.payload.worker", "--", *job.args],
                 env={**base, **inputs, **job.env},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,

@@ -1,6 +1,6 @@
 """The SPMDJob spec: its defaults, its parser and its validation, shared by cluster and laptop.
 
-Where it sits: above :mod:`monarch_spmd.contract` and :mod:`monarch_spmd.worker` (it reuses the
+Where it sits: above :mod:`monarch_spmd.payload.contract` and :mod:`monarch_spmd.worker` (it reuses the
 mesh validation of the one and the variable names of the other), below the local runner and the
 Kubernetes operator (``spmd_operator``), which both read an SPMDJob through
 :func:`parse_job_spec` / :func:`load_manifest`. Standard library only.
@@ -37,12 +37,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
-from . import contract, worker
+from .payload import contract, names
 
-GROUP: Final = "spmd.monarch.dev"
-VERSION: Final = "v1alpha1"
-API_VERSION: Final = f"{GROUP}/{VERSION}"
-KIND: Final = "SPMDJob"
+GROUP: Final = names.GROUP
+VERSION: Final = names.VERSION
+API_VERSION: Final = names.API_VERSION
+KIND: Final = names.KIND
 
 #: A job's name is a DNS-1035 label of at most this many characters, so that every child's name
 #: (``<job>-r<restart>-<rank>``, ``<job>-master``, ``<job>-worker``) stays a valid DNS label.
@@ -54,7 +54,7 @@ MAX_RESTARTS_LIMIT: Final = 100
 MAX_GPUS_PER_PROC: Final = 16
 MAX_RENDEZVOUS_TIMEOUT: Final = 86400
 #: The container of the pod template that the operator merges into (the others are sidecars).
-TRAINER_CONTAINER: Final = "trainer"
+TRAINER_CONTAINER: Final = names.TRAINER_CONTAINER
 
 DEFAULT_PYTHON: Final = "python3"
 DEFAULT_MASTER_PORT: Final = 29500
@@ -63,8 +63,8 @@ DEFAULT_RENDEZVOUS_TIMEOUT: Final = 300
 
 #: Worker input variables a user may set in the template's ``trainer`` container (the user's value
 #: wins). Every other ``MONARCH_SPMD_*`` variable belongs to the operator and is rejected.
-USER_SETTABLE_VARS: Final = frozenset({worker.ROLE_NAME_VAR, worker.LOCAL_RANK_SCOPE_VAR})
-_RESERVED_PREFIX: Final = "MONARCH_SPMD_"
+USER_SETTABLE_VARS: Final = names.USER_SETTABLE_VARS
+_RESERVED_PREFIX: Final = names.RESERVED_PREFIX
 
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -138,7 +138,7 @@ class JobSpec:
 
     @property
     def mesh_pairs(self) -> list[tuple[str, int]]:
-        """The mesh as ``(name, size)`` pairs, the form :mod:`monarch_spmd.contract` takes."""
+        """The mesh as ``(name, size)`` pairs, the form :mod:`monarch_spmd.payload.contract` takes."""
         return [(d.name, d.size) for d in self.mesh]
 
     @property

@@ -27,7 +27,7 @@ echo "test.sh: checking Python dependencies (a fresh machine downloads torch onc
 
 # Kubernetes, etcd, kwok and helm binaries, built from the Go module proxy once per machine.
 start=$(date +%s)
-MONARCH_SPMD_K8S_BIN="$(bash tests/cluster/build-binaries.sh | tail -n 1)"
+MONARCH_SPMD_K8S_BIN="$(bash devcluster/build-binaries.sh | tail -n 1)"
 export MONARCH_SPMD_K8S_BIN
 echo "test.sh: cluster binaries in $MONARCH_SPMD_K8S_BIN ($(( $(date +%s) - start ))s)"
 

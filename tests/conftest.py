@@ -1,14 +1,14 @@
-"""Session fixtures for tests that need the real test cluster (tests/cluster/).
+"""Session fixtures for tests that need the real test cluster (devcluster/).
 
 A fixture runs only for tests that ask for it: unit tests start no cluster. The first test that
 asks for `cluster` starts, for the whole session, a control plane, one process node
 (`proc-node-0`, pods run as local processes) and four kwok nodes (simulated, tainted: pods need
-`tests.cluster.KWOK_TOLERATION`). The binaries are built on first use on a machine (minutes,
+`devcluster.KWOK_TOLERATION`). The binaries are built on first use on a machine (minutes,
 once; before the first test runs, so no test timeout covers it), then reused from
 ~/.cache/monarch-spmd.
 
 Fixtures:
-    cluster: a tests.cluster.LocalCluster, started. What tests use of it:
+    cluster: a devcluster.LocalCluster, started. What tests use of it:
         kubeconfig (Path), env (dict for subprocess: KUBECONFIG, the built kubectl/helm first on
         PATH), bin_dir, state_dir, logs_dir, kubectl(*args, input=None, check=True, timeout=60)
         -> CompletedProcess, api_client() -> kubernetes ApiClient, pod_log(namespace, pod,
@@ -34,8 +34,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from tests.cluster import LocalCluster
-from tests.cluster.binaries import ensure_binaries
+from devcluster import LocalCluster
+from devcluster.binaries import ensure_binaries
 
 
 BIN_DIR = pytest.StashKey[Path]()

@@ -1,6 +1,6 @@
 """Checks every torchrun contract variable of this process against the mesh; exits 1 on a mismatch.
 
-The expected values are computed here independently of ``monarch_spmd.contract`` (this file uses
+The expected values are computed here independently of ``monarch_spmd.payload.contract`` (this file uses
 only the standard library, and torch with ``--gloo``), from, in order of preference, the options
 below or the MONARCH_SPMD_* inputs a worker was given:
 

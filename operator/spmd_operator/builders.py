@@ -8,7 +8,7 @@ YAML text.
 
 What a pod gets (docs/interfaces.md is the contract):
 
-* command ``[spec.python, /opt/monarch-spmd/monarch_spmd/worker.py, --, *spec.args]``: the worker,
+* command ``[spec.python, /opt/monarch-spmd/monarch_spmd/payload/worker.py, --, *spec.args]``: the worker,
   shipped in the ``<job>-worker`` ConfigMap and mounted read-only, so a stock PyTorch image works;
 * the MONARCH_SPMD_* inputs of :func:`monarch_spmd.worker.worker_input_env` plus POD_NAME,
   POD_NAMESPACE, POD_IP and NODE_NAME from the downward API; a variable the user's ``trainer``
@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from monarch_spmd import contract, worker
+from monarch_spmd.payload import contract, worker
 from monarch_spmd.spec import JobSpec
 
 from . import names
@@ -118,24 +118,26 @@ def build_service(job: JobRef, spec: JobSpec, restart: int) -> dict[str, Any]:
 
 
 def worker_files() -> dict[str, str]:
-    """Reads the worker's files (``names.WORKER_FILES``) from the installed ``monarch_spmd``.
+    """Reads the payload (every ``*.py`` of ``monarch_spmd/payload``) from the installed package.
 
-    Called once at operator start; the texts go into every job's ConfigMap.
+    Called once at operator start; the texts go into every job's ConfigMap. The package boundary
+    is the list: whatever the payload package holds is shipped, nothing else.
 
     Raises:
-        FileNotFoundError: naming the missing file; reinstall the project (``pip install .``).
+        FileNotFoundError: when the payload is missing; reinstall the project (``pip install .``).
     """
-    root = importlib.resources.files("monarch_spmd")
-    files: dict[str, str] = {}
-    for filename in names.WORKER_FILES:
-        path = root / filename
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"monarch_spmd/{filename} is missing from the installed package ({root}); "
-                "reinstall the project (pip install .) so the operator can ship the worker"
-            )
-        files[filename] = path.read_text(encoding="utf-8")
-    return files
+    root = importlib.resources.files("monarch_spmd.payload")
+    files = {
+        entry.name: entry.read_text(encoding="utf-8")
+        for entry in root.iterdir()
+        if entry.name.endswith(".py") and entry.is_file()
+    }
+    if "worker.py" not in files:
+        raise FileNotFoundError(
+            f"monarch_spmd/payload/worker.py is missing from the installed package ({root}); "
+            "reinstall the project (pip install .) so the operator can ship the worker"
+        )
+    return dict(sorted(files.items()))
 
 
 def build_worker_configmap(job: JobRef, files: Mapping[str, str]) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from monarch_spmd import contract, worker
+from monarch_spmd.payload import contract, worker
 from monarch_spmd.spec import JobSpec, SpecError
 
 from . import names

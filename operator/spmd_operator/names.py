@@ -9,7 +9,22 @@ from __future__ import annotations
 
 from typing import Final
 
-from monarch_spmd.spec import API_VERSION, GROUP, KIND, MAX_JOB_NAME_LENGTH, TRAINER_CONTAINER, VERSION
+from monarch_spmd.payload.names import (
+    API_VERSION,
+    COORD_LABEL_PREFIX,
+    GROUP,
+    KIND,
+    LABEL_JOB,
+    LABEL_JOB_UID,
+    LABEL_PREFIX,
+    LABEL_RANK,
+    LABEL_RESTART,
+    PLURAL,
+    TRAINER_CONTAINER,
+    VERSION,
+    coord_label,
+)
+from monarch_spmd.spec import MAX_JOB_NAME_LENGTH
 
 __all__ = [
     "API_VERSION",
@@ -18,13 +33,13 @@ __all__ = [
     "GROUP",
     "KIND",
     "LABEL_JOB",
+    "LABEL_JOB_UID",
     "LABEL_PREFIX",
     "LABEL_RANK",
     "LABEL_RESTART",
     "MAX_JOB_NAME_LENGTH",
     "PLURAL",
     "VERSION",
-    "WORKER_FILES",
     "WORKER_MOUNT_PATH",
     "WORKER_SCRIPT",
     "WORKER_VOLUME",
@@ -35,24 +50,10 @@ __all__ = [
     "service_name",
 ]
 
-PLURAL: Final = "spmdjobs"
-
-LABEL_PREFIX: Final = f"{GROUP}/"
-#: On every child: the job's name. Pods are watched with this label as the server-side selector.
-LABEL_JOB: Final = f"{LABEL_PREFIX}job"
-#: On every pod: its global rank.
-LABEL_RANK: Final = f"{LABEL_PREFIX}rank"
-#: On every pod: the gang attempt (restart count) it belongs to.
-LABEL_RESTART: Final = f"{LABEL_PREFIX}restart"
-#: Followed by a mesh dimension's name: the pod's coordinate on that dimension.
-COORD_LABEL_PREFIX: Final = f"{LABEL_PREFIX}coord-"
-
 CONTAINER_NAME: Final = TRAINER_CONTAINER
-#: The ConfigMap volume that carries the worker into pods whose image lacks the project.
+#: The ConfigMap volume that carries the payload (the worker) into pods whose image lacks the project.
 WORKER_VOLUME: Final = "monarch-spmd-worker"
-WORKER_MOUNT_PATH: Final = "/opt/monarch-spmd/monarch_spmd"
-#: The files of ``monarch_spmd/`` shipped in the ConfigMap (standard library only).
-WORKER_FILES: Final = ("__init__.py", "contract.py", "worker.py")
+WORKER_MOUNT_PATH: Final = "/opt/monarch-spmd/payload"
 WORKER_SCRIPT: Final = f"{WORKER_MOUNT_PATH}/worker.py"
 
 
@@ -77,8 +78,3 @@ def configmap_name(job: str) -> str:
 def master_addr(job: str, namespace: str) -> str:
     """MASTER_ADDR of every proc: the Service's DNS name, ``<job>-master.<namespace>.svc``."""
     return f"{service_name(job)}.{namespace}.svc"
-
-
-def coord_label(dim: str) -> str:
-    """The label key holding a pod's coordinate on mesh dimension ``dim``."""
-    return f"{COORD_LABEL_PREFIX}{dim}"

@@ -20,7 +20,7 @@ import yaml
 from kubernetes import client
 
 from monarch_spmd import ports
-from tests.cluster import KWOK_TOLERATION, PROCESS_NODE, LocalCluster
+from devcluster import KWOK_TOLERATION, PROCESS_NODE, LocalCluster
 
 GROUP, VERSION, PLURAL = "spmd.monarch.dev", "v1alpha1", "spmdjobs"
 PROBE = str(Path(__file__).with_name("probe.py"))

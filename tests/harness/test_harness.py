@@ -1,4 +1,4 @@
-"""Tests of the test cluster itself (tests/cluster/): what a user of kubectl would see.
+"""Tests of the test cluster itself (devcluster/): what a user of kubectl would see.
 
 They run against the session's real cluster (the `cluster` fixture of tests/conftest.py): nodes
 Ready, pods on the process node running real processes with the downward API, ConfigMap volumes,
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.cluster import KWOK_TOLERATION, PROCESS_NODE, LocalCluster
-from tests.cluster.localcluster import REPO_ROOT
+from devcluster import KWOK_TOLERATION, PROCESS_NODE, LocalCluster
+from devcluster.localcluster import REPO_ROOT
 
 pytestmark = pytest.mark.cluster
 

@@ -1,5 +1,5 @@
 """Fixtures for the Helm chart tests: the real helm binary (built once per machine by
-tests/cluster/build-binaries.sh, like the test cluster's other binaries) and a renderer."""
+devcluster/build-binaries.sh, like the test cluster's other binaries) and a renderer."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from helm_support import CHART, KUBE_VERSION
-from tests.cluster.binaries import ensure_binaries
+from devcluster.binaries import ensure_binaries
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """The Helm chart against the real test cluster (the session fixture `cluster`, a
-tests.cluster.localcluster.LocalCluster): every rendered object accepted by the API server
+devcluster.localcluster.LocalCluster): every rendered object accepted by the API server
 (server-side dry run), then `helm install` with the operator running as a pod of the process node,
 `helm test` running the smoke SPMDJob to Succeeded, an example applied with kubectl and its logs
 read back with `monarch-spmd logs`.

@@ -58,7 +58,7 @@ def worker_inputs(
 
 
 def worker_cmd(*argv: str) -> list[str]:
-    return [sys.executable, "-m", "monarch_spmd.worker", "--", *argv]
+    return [sys.executable, "-m", "monarch_spmd.payload.worker", "--", *argv]
 
 
 def cli_cmd(*args: str) -> list[str]:

@@ -7,7 +7,7 @@ import re
 import signal
 import textwrap
 
-from monarch_spmd import worker
+from monarch_spmd.payload import worker
 from monarch_spmd.examples import allreduce
 
 from .conftest import alive, cli_cmd, pids_in, run, script, wait_dead

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 
-from monarch_spmd import worker
+from monarch_spmd.payload import worker
 
 from .conftest import ROOT, free_port, run, script, worker_cmd, worker_inputs
 

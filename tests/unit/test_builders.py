@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import monarch_spmd
-from monarch_spmd import worker
+from monarch_spmd.payload import worker
 from monarch_spmd.spec import parse_job_spec
 from spmd_operator import builders, names
 from spmd_operator.builders import JobRef
@@ -85,10 +85,10 @@ def test_pod_identity_labels_and_owner(rank, coords):
 def test_pod_command_runs_the_shipped_worker():
     pod = builders.build_pod(JOB, spec(python="/opt/conda/bin/python"), 0, 0)
     c = trainer(pod)
-    assert c["command"] == ["/opt/conda/bin/python", "/opt/monarch-spmd/monarch_spmd/worker.py", "--", "-m", "train", "--lr", "0.1"]
+    assert c["command"] == ["/opt/conda/bin/python", "/opt/monarch-spmd/payload/worker.py", "--", "-m", "train", "--lr", "0.1"]
     assert "args" not in c
     assert c["image"] == "img:1"
-    assert {"name": "monarch-spmd-worker", "mountPath": "/opt/monarch-spmd/monarch_spmd", "readOnly": True} in c["volumeMounts"]
+    assert {"name": "monarch-spmd-worker", "mountPath": "/opt/monarch-spmd/payload", "readOnly": True} in c["volumeMounts"]
     assert {"name": "monarch-spmd-worker", "configMap": {"name": "hello-worker"}} in pod["spec"]["volumes"]
     assert pod["spec"]["restartPolicy"] == "Never"
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
@@ -266,8 +266,8 @@ def test_service_is_headless_and_selects_the_current_rank_zero():
 
 def test_worker_configmap_holds_the_library_files():
     files = builders.worker_files()
-    package = Path(monarch_spmd.__file__).parent
-    assert files == {name: (package / name).read_text(encoding="utf-8") for name in ("__init__.py", "contract.py", "worker.py")}
+    payload = Path(monarch_spmd.__file__).parent / "payload"
+    assert files == {p.name: p.read_text(encoding="utf-8") for p in payload.glob("*.py")}
     cm = builders.build_worker_configmap(JOB, files)
     assert (cm["apiVersion"], cm["kind"]) == ("v1", "ConfigMap")
     assert cm["metadata"]["name"] == "hello-worker"
@@ -282,7 +282,7 @@ def test_shipped_worker_needs_only_the_standard_library(tmp_path):
     import subprocess
     import sys
 
-    folder = tmp_path / "monarch_spmd"
+    folder = tmp_path / "payload"
     folder.mkdir()
     for name, text in builders.worker_files().items():
         (folder / name).write_text(text, encoding="utf-8")

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from monarch_spmd import contract
-from monarch_spmd.contract import (
+from monarch_spmd.payload import contract
+from monarch_spmd.payload.contract import (
     coords_of,
     format_mesh,
     parse_mesh,

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from monarch_spmd import worker
+from monarch_spmd.payload import worker
 from monarch_spmd.spec import (
     API_VERSION,
     KIND,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from monarch_spmd import worker
-from monarch_spmd.worker import (
+from monarch_spmd.payload import worker
+from monarch_spmd.payload.worker import (
     WorkerInputError,
     build_env,
     command_for,
@@ -19,7 +19,7 @@ from monarch_spmd.worker import (
     worker_input_env,
 )
 
-PACKAGE = Path(worker.__file__).resolve().parent
+PACKAGE = Path(worker.__file__).resolve().parents[1]
 
 GOOD = {
     worker.MESH_VAR: "hosts=2,gpus=2",
@@ -198,19 +198,26 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("name", ["__init__.py", "contract.py", "worker.py"])
-def test_files_shipped_into_pods_import_only_the_standard_library_and_the_contract(name):
-    # __init__ may load .actor lazily, inside __getattr__ (checked below); nothing else may.
-    allowed_local = {".contract", ".actor"} if name == "__init__.py" else {".contract"}
-    for imported in _imports(PACKAGE / name):
-        if imported.startswith(".") or imported.startswith("monarch_spmd"):
-            assert imported in allowed_local, f"{name} imports {imported}"
+PAYLOAD_FILES = sorted(p.name for p in (PACKAGE / "payload").glob("*.py"))
+
+
+@pytest.mark.parametrize("name", PAYLOAD_FILES)
+def test_payload_imports_only_the_standard_library_and_its_siblings(name):
+    """The payload is shipped alone into pods: a relative import may name only a sibling module."""
+    siblings = {f".{Path(n).stem}" for n in PAYLOAD_FILES}
+    for imported in _imports(PACKAGE / "payload" / name):
+        if imported.startswith("."):
+            assert imported in siblings, f"payload/{name} imports {imported}"
         else:
-            assert imported in sys.stdlib_module_names or imported == "__future__", f"{name} imports {imported}"
+            assert imported in sys.stdlib_module_names or imported == "__future__", f"payload/{name} imports {imported}"
+
+
+def test_payload_holds_the_contract_the_worker_and_the_names():
+    assert {"__init__.py", "contract.py", "names.py", "worker.py"} <= set(PAYLOAD_FILES)
 
 
 def test_init_imports_actor_only_inside_getattr():
     tree = ast.parse((PACKAGE / "__init__.py").read_text())
     for node in tree.body:  # module level: no import of .actor
         if isinstance(node, ast.ImportFrom) and node.level:
-            assert node.module == "contract"
+            assert node.module == "payload.contract"

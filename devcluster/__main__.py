@@ -1,10 +1,10 @@
-"""`python -m tests.cluster up|down|status`: the test cluster in the background, for people.
+"""`python -m devcluster up|down|status`: the test cluster in the background, for people.
 
-Entry point of the test cluster (tests/cluster/), on top of localcluster.py.
+Entry point of the test cluster (devcluster/), on top of localcluster.py.
 
-    eval "$(python -m tests.cluster up --kwok-nodes 4 --operator)"   # prints the exports
+    eval "$(python -m devcluster up --kwok-nodes 4 --operator)"   # prints the exports
     kubectl get nodes
-    python -m tests.cluster down
+    python -m devcluster down
 
 `up` builds the binaries on first use (tens of minutes once per machine), wipes and reuses the
 state folder (default /tmp/monarch-spmd-cluster, or MONARCH_SPMD_CLUSTER_DIR), starts a background
@@ -29,9 +29,9 @@ import threading
 import time
 from pathlib import Path
 
-from tests.cluster.binaries import ensure_binaries
-from tests.cluster.localcluster import REPO_ROOT, LocalCluster
-from tests.cluster.podnetwork import Bridge
+from devcluster.binaries import ensure_binaries
+from devcluster.localcluster import REPO_ROOT, LocalCluster
+from devcluster.podnetwork import Bridge
 
 DEFAULT_DIR = Path(os.environ.get("MONARCH_SPMD_CLUSTER_DIR", "/tmp/monarch-spmd-cluster"))
 
@@ -61,7 +61,7 @@ def up(args: argparse.Namespace) -> int:
     ensure_binaries()  # in the foreground, so a first build shows its progress
     shutil.rmtree(state_dir, ignore_errors=True)
     state_dir.mkdir(parents=True)
-    command = [sys.executable, "-m", "tests.cluster", "serve", "--state-dir", str(state_dir),
+    command = [sys.executable, "-m", "devcluster", "serve", "--state-dir", str(state_dir),
                "--kwok-nodes", str(args.kwok_nodes), "--gpus", str(args.gpus)]
     if args.operator:
         command.append("--operator")
@@ -80,7 +80,7 @@ def up(args: argparse.Namespace) -> int:
         time.sleep(0.2)
     info = json.loads((state_dir / "ready").read_text())
     print(f"cluster up in {info['start_seconds']}s; state in {state_dir}; "
-          f"stop it with: python -m tests.cluster down", file=sys.stderr)
+          f"stop it with: python -m devcluster down", file=sys.stderr)
     print(exports(state_dir), end="")
     return 0
 
@@ -136,7 +136,7 @@ def status(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.cluster", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m devcluster", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("up", "serve", "down", "status"):

@@ -1,6 +1,6 @@
 """The pod network of the test process nodes: a bridge, pod network namespaces, cluster names.
 
-Part of the test cluster (tests/cluster/), used by nodeagent.py. Bridge creates a Linux bridge of
+Part of the test cluster (devcluster/), used by nodeagent.py. Bridge creates a Linux bridge of
 its own (`spmdbr<n>`, 10.244.<n>.0/24) and one network namespace per pod with a veth pair into
 it; nothing sent by a pod is routed beyond the bridge. ApiProxy forwards <gateway>:<port> to the
 API server on loopback, so pods reach it at KUBERNETES_SERVICE_HOST/PORT. ClusterDNS stands in

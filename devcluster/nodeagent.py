@@ -1,6 +1,6 @@
 """A test node agent: a Node whose pods run as real local processes.
 
-Part of the test cluster (tests/cluster/), above controlplane.py. It stands in for a kubelet and a
+Part of the test cluster (devcluster/), above controlplane.py. It stands in for a kubelet and a
 container runtime in tests, nothing more. Each ProcessNode:
 
 - registers a Node (Ready; capacity cpu, memory, pods and `nvidia.com/gpu`) and heartbeats it
@@ -50,8 +50,8 @@ from typing import Any, Final
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.cluster.controlplane import die_with_parent
-from tests.cluster.podnetwork import ApiProxy, Bridge, ClusterDNS, watch_forever
+from devcluster.controlplane import die_with_parent
+from devcluster.podnetwork import ApiProxy, Bridge, ClusterDNS, watch_forever
 
 log = logging.getLogger("nodeagent")
 
@@ -59,7 +59,7 @@ PODEXEC: Final = Path(__file__).with_name("podexec.py")
 #: Host folders every pod runs from (the image is ignored): the repository, whose packages are
 #: installed in editable mode, and the interpreter. A pod volume mounted over a parent of one of
 #: them (an emptyDir at /tmp while the checkout lives under /tmp) must not hide it.
-HOST_PATHS_PODS_NEED: Final = sorted({str(Path(__file__).resolve().parents[2]),
+HOST_PATHS_PODS_NEED: Final = sorted({str(Path(__file__).resolve().parents[1]),
                                       os.path.realpath(sys.prefix),
                                       os.path.realpath(sys.base_prefix)})
 HEARTBEAT_SECONDS: Final = 10

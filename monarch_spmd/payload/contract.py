@@ -1,7 +1,7 @@
 """The torchrun environment contract: one pure function and the mesh arithmetic it needs.
 
 This is the bottom layer of the project. The Monarch actor (``monarch_spmd.actor``), the in-pod
-worker (``monarch_spmd.worker``), the local runner and the Kubernetes operator all build a proc's
+worker (``monarch_spmd.payload.worker``), the local runner and the Kubernetes operator all build a proc's
 environment with :func:`torch_elastic_env` and nothing else, so the three runtimes cannot drift.
 Standard library only: the operator ships this file into pods whose image lacks the project.
 

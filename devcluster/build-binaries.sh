@@ -4,7 +4,7 @@
 # kubectl, kwok and helm. Prints the bin folder on its last line.
 #
 # Skipped entirely when KUBEBUILDER_ASSETS (the envtest convention) or MONARCH_SPMD_K8S_BIN names
-# a folder that already holds the binaries; see tests/cluster/README.md.
+# a folder that already holds the binaries; see devcluster/README.md.
 set -euo pipefail
 
 K8S_VERSION="${K8S_VERSION:-v1.34.4}"

@@ -1,6 +1,6 @@
 """Simulated nodes for scale tests: kwok against the test control plane.
 
-Part of the test cluster (tests/cluster/), beside nodeagent.py and above controlplane.py. kwok
+Part of the test cluster (devcluster/), beside nodeagent.py and above controlplane.py. kwok
 fakes the lifecycle of the nodes it manages and of the pods bound to them: a pod on a kwok node
 becomes Running, Ready and gets an IP (from 10.245.0.0/16, which nothing routes) without any
 process being started. That is right for benchmarks and for tests that count objects (64-proc
@@ -22,7 +22,7 @@ from typing import Any, Final
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from tests.cluster.controlplane import die_with_parent, stop_process_group
+from devcluster.controlplane import die_with_parent, stop_process_group
 
 KWOK_ANNOTATION: Final = "kwok.x-k8s.io/node"
 KWOK_TAINT: Final = {"key": KWOK_ANNOTATION, "value": "fake", "effect": "NoSchedule"}

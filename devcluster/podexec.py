@@ -1,6 +1,6 @@
 """Turns the current process into one pod container, then execs the container's command.
 
-Part of the test cluster's node agent (tests/cluster/nodeagent.py), which runs it as
+Part of the test cluster's node agent (devcluster/nodeagent.py), which runs it as
 `ip netns exec <pod netns> python3 podexec.py <spec.json>` (or without `ip netns exec` for a
 hostNetwork pod). `ip netns exec` has already joined the pod's network namespace, given the
 process a private mount namespace and bind-mounted /etc/netns/<netns>/{hosts,resolv.conf} over

@@ -1,6 +1,6 @@
 """A real Kubernetes control plane on loopback, for tests.
 
-Part of the test cluster (tests/cluster/), above binaries.py and below nodeagent.py, kwoknodes.py
+Part of the test cluster (devcluster/), above binaries.py and below nodeagent.py, kwoknodes.py
 and the session fixture in tests/conftest.py. It starts etcd, kube-apiserver,
 kube-controller-manager (garbage collection, EndpointSlices, service account tokens, root CA
 publishing) and kube-scheduler as child processes, each in its own process group, all on

@@ -1,20 +1,20 @@
 """The in-pod worker: turns the MONARCH_SPMD_* inputs into torchrun's env and runs the training argv.
 
-Where it sits: one layer above :mod:`monarch_spmd.contract` and below everything else. The SPMDJob
-operator runs it as every pod's command, the local runner (:mod:`monarch_spmd.runner`) as every
-local process, so a job behaves the same on a laptop and on a cluster. It imports only the
-standard library and ``monarch_spmd.contract``: the operator ships exactly ``__init__.py``,
-``contract.py`` and this file into pods (a ConfigMap mounted at
-``/opt/monarch-spmd/monarch_spmd``) whose image does not contain the project.
+Where it sits: in the payload, one layer above :mod:`.contract` and :mod:`.names`, below
+everything else. The SPMDJob operator runs it as every pod's command, the local runner
+(:mod:`monarch_spmd.runner`) as every local process, so a job behaves the same on a laptop and on
+a cluster. Like the whole payload it imports only the standard library and its siblings: the
+operator ships the payload into pods (a ConfigMap mounted at ``/opt/monarch-spmd/payload``) whose
+image does not contain the project.
 
 Three ways to start it, all equivalent::
 
-    python3 /opt/monarch-spmd/monarch_spmd/worker.py -- -m train --lr 0.001
-    python3 -m monarch_spmd.worker -- train.py --lr 0.001
+    python3 /opt/monarch-spmd/payload/worker.py -- -m train --lr 0.001
+    python3 -m monarch_spmd.payload.worker -- train.py --lr 0.001
     monarch-spmd worker -- -m train --lr 0.001
 
-Input variables (the operator sets them on each pod, the local runner on each process; the
-constants below hold their names and the operator imports them from here):
+Input variables (the operator sets them on each pod, the local runner on each process; their
+names are constants of :mod:`.names`):
 
 ==================================  ==========================  =====================================
 variable                            example                     meaning
@@ -31,8 +31,7 @@ MONARCH_SPMD_MAX_RESTARTS           ``0`` (default)             -> TORCHELASTIC_
 MONARCH_SPMD_RUN_ID                 ``none`` (default)          -> TORCHELASTIC_RUN_ID (the job uid)
 MONARCH_SPMD_ROLE_NAME              ``default`` (default)       -> ROLE_NAME
 MONARCH_SPMD_RENDEZVOUS_TIMEOUT     ``300`` (default)           seconds to wait for MASTER_ADDR to
-                                                                resolve and (ranks > 0) MASTER_PORT
-                                                                to accept a TCP connection
+                                                                resolve
 MONARCH_SPMD_LOCAL_RANK_SCOPE       ``mesh`` (default), ``pod`` ``mesh``: LOCAL_RANK is the
                                                                 coordinate on the last dimension.
                                                                 ``pod``: every proc is its own
@@ -46,12 +45,12 @@ What it does, in order:
 
 1. reads and checks the inputs; a missing or invalid one is reported on stderr naming the
    variable and what would be valid, exit code 64 (``EX_USAGE``);
-2. builds the env with :func:`monarch_spmd.contract.torch_elastic_env` and prints one line with
+2. builds the env with :func:`.contract.torch_elastic_env` and prints one line with
    rank, world size and master to stderr (so pod logs show who is who);
-3. waits until MASTER_ADDR resolves and, on ranks other than 0, until MASTER_PORT accepts a TCP
-   connection (the start-up DNS race other operators paper over with init containers); if that
-   does not happen within the rendezvous timeout it says so, naming address, port and timeout, and
-   exits with 75 (``EX_TEMPFAIL``, retryable);
+3. waits until MASTER_ADDR resolves (the start-up DNS race other operators paper over with init
+   containers; see :func:`wait_for_master`); if it does not within the rendezvous timeout it says
+   so, naming address and timeout, and exits with 75 (``EX_TEMPFAIL``, retryable). It never waits
+   for rank 0's port: every rank starts its program at once, as under torchrun;
 4. runs the argv (``-m module args...`` or ``path.py args...``) with ``sys.executable`` as a
    child process, forwards SIGTERM, SIGINT and SIGHUP to it, and exits with the child's exit code
    (128+N when the child was killed by signal N), so it becomes the pod's exit code.
@@ -69,23 +68,37 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-if __package__ in (None, ""):
-    # Run as a script (the pod command): make the package beside this file importable.
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from monarch_spmd import contract  # noqa: E402
-else:
-    from . import contract
+if __name__ == "__main__" and not __package__:
+    # Run as a file (the pod command, the ConfigMap mounted at /opt/monarch-spmd/payload): load
+    # the payload package beside this file under a private name, so that no package of the image
+    # (an older monarch_spmd, a module called "payload") can stand in for it, and run its worker.
+    import importlib
+    import importlib.util
 
-MESH_VAR: Final = "MONARCH_SPMD_MESH"
-COORDS_VAR: Final = "MONARCH_SPMD_COORDS"
-MASTER_ADDR_VAR: Final = "MONARCH_SPMD_MASTER_ADDR"
-MASTER_PORT_VAR: Final = "MONARCH_SPMD_MASTER_PORT"
-RESTART_COUNT_VAR: Final = "MONARCH_SPMD_RESTART_COUNT"
-MAX_RESTARTS_VAR: Final = "MONARCH_SPMD_MAX_RESTARTS"
-RUN_ID_VAR: Final = "MONARCH_SPMD_RUN_ID"
-ROLE_NAME_VAR: Final = "MONARCH_SPMD_ROLE_NAME"
-RENDEZVOUS_TIMEOUT_VAR: Final = "MONARCH_SPMD_RENDEZVOUS_TIMEOUT"
-LOCAL_RANK_SCOPE_VAR: Final = "MONARCH_SPMD_LOCAL_RANK_SCOPE"
+    _here = os.path.dirname(os.path.abspath(__file__))
+    _spec = importlib.util.spec_from_file_location(
+        "_monarch_spmd_payload", os.path.join(_here, "__init__.py"), submodule_search_locations=[_here]
+    )
+    assert _spec is not None and _spec.loader is not None
+    sys.modules[_spec.name] = _package = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_package)
+    sys.exit(importlib.import_module(f"{_spec.name}.worker").main())
+
+from . import contract
+from .names import (
+    COORDS_VAR,
+    EX_TEMPFAIL,
+    EX_USAGE,
+    LOCAL_RANK_SCOPE_VAR,
+    MASTER_ADDR_VAR,
+    MASTER_PORT_VAR,
+    MAX_RESTARTS_VAR,
+    MESH_VAR,
+    RENDEZVOUS_TIMEOUT_VAR,
+    RESTART_COUNT_VAR,
+    ROLE_NAME_VAR,
+    RUN_ID_VAR,
+)
 
 #: Every input variable, in the order of the docstring's table.
 INPUT_VARS: Final = (
@@ -106,11 +119,6 @@ DEFAULT_RENDEZVOUS_TIMEOUT: Final = 300.0
 SCOPE_MESH: Final = "mesh"
 SCOPE_POD: Final = "pod"
 LOCAL_RANK_SCOPES: Final = (SCOPE_MESH, SCOPE_POD)
-
-#: Bad worker input: a missing or invalid variable, or an empty argv. Permanent.
-EX_USAGE: Final = 64
-#: Rendezvous timeout: MASTER_ADDR never resolved or MASTER_PORT never accepted. Retryable.
-EX_TEMPFAIL: Final = 75
 
 #: Signals passed on to the training process.
 FORWARDED_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -325,48 +333,29 @@ def command_for(argv: Sequence[str], python: str | None = None) -> list[str]:
     return [exe, *args]
 
 
-def wait_for_master(
-    addr: str,
-    port: int,
-    *,
-    need_port: bool,
-    timeout: float,
-    poll_interval: float = 0.5,
-) -> None:
-    """Waits until ``addr`` resolves and, when ``need_port``, until ``addr:port`` accepts TCP.
+def wait_for_master(addr: str, port: int, *, timeout: float, poll_interval: float = 0.5) -> None:
+    """Waits until ``addr`` resolves; the only start-up race a rank must not run into.
 
-    The probe connection is closed at once without sending anything.
+    A headless Service's DNS record appears some time after its pod starts, and torch gives up at
+    once on a name that does not resolve. A refused connection, on the other hand, torch's
+    TCPStore client retries by itself until its own timeout, so no rank waits for rank 0's port:
+    every rank starts its program as soon as the name resolves, as under torchrun, and work done
+    before ``init_process_group`` runs on all ranks at once.
 
     Raises:
         RendezvousTimeout: with a message naming the address, port and timeout, and the last error.
     """
     deadline = time.monotonic() + timeout
-    last_error = ""
     while True:
         try:
             socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
-            break
+            return
         except OSError as e:
             last_error = str(e)
         if time.monotonic() >= deadline:
             raise RendezvousTimeout(
                 f"MASTER_ADDR {addr!r} did not resolve within {_format_seconds(timeout)}s "
                 f"({RENDEZVOUS_TIMEOUT_VAR}); last error: {last_error}"
-            )
-        time.sleep(min(poll_interval, max(0.0, deadline - time.monotonic())))
-    if not need_port:
-        return
-    while True:
-        remaining = deadline - time.monotonic()
-        try:
-            with socket.create_connection((addr, port), timeout=max(0.1, min(2.0, remaining))):
-                return
-        except OSError as e:
-            last_error = str(e) or type(e).__name__
-        if time.monotonic() >= deadline:
-            raise RendezvousTimeout(
-                f"MASTER_ADDR:MASTER_PORT {addr}:{port} did not accept a TCP connection within "
-                f"{_format_seconds(timeout)}s ({RENDEZVOUS_TIMEOUT_VAR}); last error: {last_error}"
             )
         time.sleep(min(poll_interval, max(0.0, deadline - time.monotonic())))
 
@@ -455,9 +444,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         f"pid {os.getpid()}, running {' '.join(command[1:])}"
     )
     try:
-        wait_for_master(
-            inputs.master_addr, inputs.master_port, need_port=rank != 0, timeout=inputs.rendezvous_timeout
-        )
+        wait_for_master(inputs.master_addr, inputs.master_port, timeout=inputs.rendezvous_timeout)
     except RendezvousTimeout as e:
         _err(f"rendezvous timeout: {e}")
         return EX_TEMPFAIL

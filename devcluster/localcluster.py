@@ -1,7 +1,7 @@
 """The whole test cluster as one object: control plane, process nodes, kwok nodes, operator.
 
-Top of the test cluster (tests/cluster/): used by the session fixture in tests/conftest.py and by
-`python -m tests.cluster up`. Order of start: pod bridge (its gateway goes into the API server's
+Top of the test cluster (devcluster/): used by the session fixture in tests/conftest.py and by
+`python -m devcluster up`. Order of start: pod bridge (its gateway goes into the API server's
 certificate), control plane, process node agent, kwok nodes, and the operator if asked for; stop
 runs the other way round and leaves no process, network namespace or bridge behind.
 
@@ -20,13 +20,13 @@ from typing import Any, Final
 
 from kubernetes import client, config
 
-from tests.cluster.binaries import ensure_binaries
-from tests.cluster.controlplane import ControlPlane, die_with_parent, stop_process_group
-from tests.cluster.kwoknodes import KwokNodes
-from tests.cluster.nodeagent import NodeAgent
-from tests.cluster.podnetwork import Bridge
+from devcluster.binaries import ensure_binaries
+from devcluster.controlplane import ControlPlane, die_with_parent, stop_process_group
+from devcluster.kwoknodes import KwokNodes
+from devcluster.nodeagent import NodeAgent
+from devcluster.podnetwork import Bridge
 
-REPO_ROOT: Final = Path(__file__).resolve().parents[2]
+REPO_ROOT: Final = Path(__file__).resolve().parents[1]
 PROCESS_NODE: Final = "proc-node-0"
 
 

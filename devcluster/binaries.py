@@ -1,6 +1,6 @@
 """Where the test cluster's binaries come from.
 
-Lowest layer of the test cluster (tests/cluster/): finds the folder holding etcd, kube-apiserver,
+Lowest layer of the test cluster (devcluster/): finds the folder holding etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler, kubectl, kwok and helm, building them once per machine
 with build-binaries.sh (into ~/.cache/monarch-spmd/...) when no folder has them yet.
 

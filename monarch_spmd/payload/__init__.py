@@ -1,0 +1,14 @@
+"""What ships into every pod: the env contract, the worker, and the names they share.
+
+Where it sits: the bottom of the project. Everything in this subpackage imports only the
+standard library and its siblings (relative imports), because the SPMDJob operator copies every
+``*.py`` file of this folder into a per-job ConfigMap and mounts it into pods whose image does not
+contain the project (``/opt/monarch-spmd/payload``). The package boundary is the list of files
+shipped: add a module here only if a pod needs it, and never import the rest of ``monarch_spmd``
+from it (a unit test checks both).
+
+Modules:
+    contract: the torchrun environment as one pure function of mesh coordinates.
+    names: the API group, the labels, the container name and the worker's input variables.
+    worker: the process every pod (and every local rank) runs: inputs -> env -> training argv.
+"""

@@ -1,0 +1,62 @@
+"""The names every part of the project agrees on: API group, labels, container, worker inputs.
+
+Where it sits: in the payload (standard library only, shipped into pods), beside
+:mod:`.contract`. The operator's children, the local runner, ``monarch-spmd logs`` and the worker
+all take these names from here; ``docs/interfaces.md`` lists them for people.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- the SPMDJob API -------------------------------------------------------------------------
+GROUP: Final = "spmd.monarch.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "SPMDJob"
+PLURAL: Final = "spmdjobs"
+
+# --- labels on every child of a job ----------------------------------------------------------
+LABEL_PREFIX: Final = f"{GROUP}/"
+#: On every child: the job's name. Pods are watched with this label as the server-side selector.
+LABEL_JOB: Final = f"{LABEL_PREFIX}job"
+#: On every child: the job's uid. Children are counted only when this and the controller owner
+#: reference name the job, so a new job never mistakes an older namesake's pods for its own.
+LABEL_JOB_UID: Final = f"{LABEL_PREFIX}job-uid"
+#: On every pod: its global rank (the first rank of the pod in the PerHost layout).
+LABEL_RANK: Final = f"{LABEL_PREFIX}rank"
+#: On every pod and per-attempt Service: the gang attempt (restart count) it belongs to.
+LABEL_RESTART: Final = f"{LABEL_PREFIX}restart"
+#: Followed by a mesh dimension's name: the pod's coordinate on that dimension.
+COORD_LABEL_PREFIX: Final = f"{LABEL_PREFIX}coord-"
+
+#: The pod template's container that becomes the proc's container (the others are sidecars).
+TRAINER_CONTAINER: Final = "trainer"
+
+
+def coord_label(dim: str) -> str:
+    """The label key holding a pod's coordinate on mesh dimension ``dim``."""
+    return f"{COORD_LABEL_PREFIX}{dim}"
+
+
+# --- the worker's input variables (set by the operator on pods, by the runner on processes) ---
+MESH_VAR: Final = "MONARCH_SPMD_MESH"
+COORDS_VAR: Final = "MONARCH_SPMD_COORDS"
+MASTER_ADDR_VAR: Final = "MONARCH_SPMD_MASTER_ADDR"
+MASTER_PORT_VAR: Final = "MONARCH_SPMD_MASTER_PORT"
+RESTART_COUNT_VAR: Final = "MONARCH_SPMD_RESTART_COUNT"
+MAX_RESTARTS_VAR: Final = "MONARCH_SPMD_MAX_RESTARTS"
+RUN_ID_VAR: Final = "MONARCH_SPMD_RUN_ID"
+ROLE_NAME_VAR: Final = "MONARCH_SPMD_ROLE_NAME"
+RENDEZVOUS_TIMEOUT_VAR: Final = "MONARCH_SPMD_RENDEZVOUS_TIMEOUT"
+LOCAL_RANK_SCOPE_VAR: Final = "MONARCH_SPMD_LOCAL_RANK_SCOPE"
+#: The prefix of every worker input; the operator owns them all but USER_SETTABLE_VARS.
+RESERVED_PREFIX: Final = "MONARCH_SPMD_"
+#: Worker inputs a user may set in the ``trainer`` container's env (the user's value wins).
+USER_SETTABLE_VARS: Final = frozenset({ROLE_NAME_VAR, LOCAL_RANK_SCOPE_VAR})
+
+# --- the worker's own exit codes -------------------------------------------------------------
+#: Bad worker input: a missing or invalid variable, or an empty argv. Permanent.
+EX_USAGE: Final = 64
+#: Rendezvous timeout: MASTER_ADDR never resolved. Retryable.
+EX_TEMPFAIL: Final = 75
