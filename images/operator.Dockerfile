@@ -1,7 +1,10 @@
 # The SPMDJob operator image. Build from the repository root:
 #   docker build -f images/operator.Dockerfile -t monarch-spmd/operator:0.1.0 .
 # Runs as the non-root user 65532 with a read-only root file system (see the Helm chart).
-FROM python:3.11.11-slim-bookworm
+# BASE_IMAGE: any Debian-like image with python (3.11+) and pip on PATH; scripts/build-images.sh
+# passes a base it makes from Debian packages on machines that reach no registry.
+ARG BASE_IMAGE=python:3.11.11-slim-bookworm
+FROM ${BASE_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

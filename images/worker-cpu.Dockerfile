@@ -3,7 +3,12 @@
 # every pod, so nothing of this project has to be installed for your own programs.
 # Build from the repository root:
 #   docker build -f images/worker-cpu.Dockerfile -t monarch-spmd/worker-cpu:0.1.0 .
-FROM python:3.11.11-slim-bookworm
+# BASE_IMAGE: any Debian-like image with python (3.11+) and pip on PATH. TORCH_INDEX_URL: where
+# pip finds torch; the default is the CPU-only wheel index (scripts/build-images.sh documents
+# what it passes where that index is unreachable).
+ARG BASE_IMAGE=python:3.11.11-slim-bookworm
+FROM ${BASE_IMAGE}
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -11,7 +16,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # Pinned inside pyproject's range (torch>=2.13,<2.15), from the CPU-only wheel index (no CUDA).
-RUN pip install torch==2.14.1 --index-url https://download.pytorch.org/whl/cpu
+RUN pip install torch==2.14.1 --index-url "${TORCH_INDEX_URL}"
 
 WORKDIR /src
 COPY pyproject.toml README.md ./
