@@ -24,7 +24,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parses the command line (see ``python -m spmd_operator --help``)."""
     parser = argparse.ArgumentParser(
         prog="python -m spmd_operator",
-        description="Run the SPMDJob operator (kopf, standalone: one replica, no peering).",
+        description="Run the SPMDJob operator.",
     )
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument(
@@ -40,6 +40,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--concurrency", type=int, default=None, metavar="N",
         help="API requests in flight at once when creating or deleting pods (default 48)",
     )
+    parser.add_argument(
+        "--resync-seconds", type=float, default=None, metavar="S",
+        help="how often each job re-reads itself and its children from the API server (default 60)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
     parser.add_argument("--debug", action="store_true", help="log every API call and event")
     args = parser.parse_args(argv)
@@ -50,6 +54,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.namespace = [own]
     if args.concurrency is not None and args.concurrency < 1:
         parser.error("--concurrency must be at least 1")
+    if args.resync_seconds is not None and not args.resync_seconds > 0:
+        parser.error("--resync-seconds must be greater than 0")
     return args
 
 
@@ -59,10 +65,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     import kopf
 
     from . import handlers  # noqa: F401  (registers the handlers)
+    from .controller import DEFAULT_RESYNC_SECONDS
     from .kube import DEFAULT_CONCURRENCY
 
     kopf.configure(verbose=args.verbose, debug=args.debug)
-    memo = kopf.Memo(concurrency=args.concurrency or DEFAULT_CONCURRENCY)
+    memo = kopf.Memo(
+        concurrency=args.concurrency or DEFAULT_CONCURRENCY,
+        namespaces=[] if args.all_namespaces else list(args.namespace),
+        resync_seconds=args.resync_seconds or DEFAULT_RESYNC_SECONDS,
+    )
     kopf.run(
         standalone=True,
         clusterwide=args.all_namespaces,

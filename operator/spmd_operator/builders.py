@@ -24,17 +24,19 @@ What a pod gets (docs/interfaces.md is the contract):
 from __future__ import annotations
 
 import copy
+import hashlib
 import importlib.resources
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 
+from monarch_spmd import policy
 from monarch_spmd.payload import contract, worker
 from monarch_spmd.spec import JobSpec
 
 from . import names
+from .names import JobRef
 
-GPU_RESOURCE: Final = "nvidia.com/gpu"
+GPU_RESOURCE: Final = policy.GPU_RESOURCE
 #: Scheduling topology for ``colocate``: one node.
 COLOCATE_TOPOLOGY_KEY: Final = "kubernetes.io/hostname"
 COLOCATE_WEIGHT: Final = 100
@@ -47,27 +49,6 @@ DOWNWARD_ENV: Final = (
 )
 
 
-@dataclass(frozen=True)
-class JobRef:
-    """The identity of an SPMDJob: what every child needs to name itself and its owner.
-
-    Attributes:
-        name: the job's name (a DNS-1035 label of at most 50 characters).
-        namespace: the job's namespace; every child lives there.
-        uid: the job's uid; the owner reference and TORCHELASTIC_RUN_ID.
-    """
-
-    name: str
-    namespace: str
-    uid: str
-
-    @classmethod
-    def from_body(cls, body: Mapping[str, Any]) -> JobRef:
-        """Reads the identity from an SPMDJob object as the API server returns it."""
-        meta = body.get("metadata") or {}
-        return cls(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
-
-
 def owner_reference(job: JobRef) -> dict[str, Any]:
     """The controller owner reference to ``job`` (garbage collection deletes children with it)."""
     return {
@@ -78,6 +59,11 @@ def owner_reference(job: JobRef) -> dict[str, Any]:
         "controller": True,
         "blockOwnerDeletion": True,
     }
+
+
+def job_labels(job: JobRef) -> dict[str, str]:
+    """The labels of every child: the job's name (what the operator watches) and its uid."""
+    return {names.LABEL_JOB: job.name, names.LABEL_JOB_UID: job.uid}
 
 
 def _metadata(job: JobRef, name: str, labels: Mapping[str, str], annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -93,21 +79,23 @@ def _metadata(job: JobRef, name: str, labels: Mapping[str, str], annotations: Ma
 
 
 def service_selector(job: JobRef, restart: int) -> dict[str, str]:
-    """The rank-0 pod of attempt ``restart``: what MASTER_ADDR resolves to."""
-    return {names.LABEL_JOB: job.name, names.LABEL_RANK: "0", names.LABEL_RESTART: str(restart)}
+    """The rank-0 pod of attempt ``restart`` of this job (by uid): what MASTER_ADDR resolves to."""
+    return {names.LABEL_JOB_UID: job.uid, names.LABEL_RANK: "0", names.LABEL_RESTART: str(restart)}
 
 
 def build_service(job: JobRef, spec: JobSpec, restart: int) -> dict[str, Any]:
-    """The headless Service ``<job>-master`` selecting the rank-0 pod of attempt ``restart``.
+    """The headless Service of attempt ``restart``, selecting that attempt's rank-0 pod.
 
-    ``publishNotReadyAddresses`` makes the name resolve as soon as the pod has an IP (the pods
-    have no readiness probe that could gate a rendezvous); ``clusterIP: None`` makes it resolve to
-    the pod IP itself, so the port list is informational.
+    One Service per attempt (:func:`names.service_name`), so MASTER_ADDR of a new attempt is a
+    name no older pod ever answered to. ``publishNotReadyAddresses`` makes the name resolve as
+    soon as the pod has an IP (the pods have no readiness probe that could gate a rendezvous);
+    ``clusterIP: None`` makes it resolve to the pod IP itself, so the port list is informational.
     """
+    labels = {**job_labels(job), names.LABEL_RESTART: str(restart)}
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(job, names.service_name(job.name), {names.LABEL_JOB: job.name}),
+        "metadata": _metadata(job, names.service_name(job, restart), labels),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
@@ -140,17 +128,26 @@ def worker_files() -> dict[str, str]:
     return dict(sorted(files.items()))
 
 
+def payload_hash(files: Mapping[str, str]) -> str:
+    """A short hash of the payload's files: the ConfigMap's annotation, compared on every pass."""
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        digest.update(name.encode() + b"\0" + files[name].encode() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def build_worker_configmap(job: JobRef, files: Mapping[str, str]) -> dict[str, Any]:
-    """The ConfigMap ``<job>-worker``: the worker's files, mounted into every pod.
+    """The ConfigMap ``<job>-<id>-worker``: the payload's files, mounted into every pod.
 
     Args:
         job: the owning job.
         files: file name -> text, as :func:`worker_files` returns.
     """
+    annotations = {names.PAYLOAD_HASH_ANNOTATION: payload_hash(files)}
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _metadata(job, names.configmap_name(job.name), {names.LABEL_JOB: job.name}),
+        "metadata": _metadata(job, names.configmap_name(job), job_labels(job), annotations),
         "data": dict(files),
     }
 
@@ -158,7 +155,7 @@ def build_worker_configmap(job: JobRef, files: Mapping[str, str]) -> dict[str, A
 def pod_labels(job: JobRef, spec: JobSpec, rank: int, restart: int) -> dict[str, str]:
     """The operator's labels of a pod: job, rank, restart and one coordinate per mesh dimension."""
     coords = contract.coords_of(spec.mesh_pairs, rank)
-    labels = {names.LABEL_JOB: job.name, names.LABEL_RANK: str(rank), names.LABEL_RESTART: str(restart)}
+    labels = {**job_labels(job), names.LABEL_RANK: str(rank), names.LABEL_RESTART: str(restart)}
     for dim, c in zip(spec.mesh, coords):
         labels[names.coord_label(dim.name)] = str(c)
     return labels
@@ -171,42 +168,18 @@ def _trainer_index(containers: list[Any]) -> int | None:
     return None
 
 
-def _sets_gpus(container: Mapping[str, Any]) -> bool:
-    resources = container.get("resources") or {}
-    for kind in ("limits", "requests"):
-        value = (resources.get(kind) or {}).get(GPU_RESOURCE)
-        if value is not None and str(value).strip() not in ("", "0"):
-            return True
-    return False
-
-
-def local_rank_scope(spec: JobSpec) -> str:
-    """``pod`` when each pod holds GPUs (gpusPerProc >= 1, or a GPU limit in the template), else ``mesh``.
-
-    With ``pod`` every proc is its own torchrun node: LOCAL_RANK=0, LOCAL_WORLD_SIZE=1, so
-    ``torch.cuda.set_device(LOCAL_RANK)`` selects the one GPU the pod sees.
-    """
-    if spec.gpus_per_proc >= 1:
-        return worker.SCOPE_POD
-    containers = list(((spec.template.get("spec") or {}).get("containers")) or [])
-    idx = _trainer_index(containers)
-    if idx is not None and _sets_gpus(containers[idx]):
-        return worker.SCOPE_POD
-    return worker.SCOPE_MESH
-
-
 def pod_env(job: JobRef, spec: JobSpec, rank: int, restart: int) -> list[dict[str, Any]]:
     """The operator's env of a pod: the downward API variables, then the MONARCH_SPMD_* inputs."""
     inputs = worker.worker_input_env(
         spec.mesh_pairs,
         contract.coords_of(spec.mesh_pairs, rank),
-        names.master_addr(job.name, job.namespace),
+        names.master_addr(job, restart),
         spec.master_port,
         restart_count=restart,
         max_restarts=spec.max_restarts,
         run_id=job.uid,
         rendezvous_timeout=spec.rendezvous_timeout_seconds,
-        local_rank_scope=local_rank_scope(spec),
+        local_rank_scope=policy.local_rank_scope(spec),
     )
     env: list[dict[str, Any]] = [
         {"name": var, "valueFrom": {"fieldRef": {"fieldPath": path}}} for var, path in DOWNWARD_ENV
@@ -229,7 +202,7 @@ def _colocate_term(job: JobRef, spec: JobSpec, rank: int, restart: int) -> dict[
         "podAffinityTerm": {
             "labelSelector": {
                 "matchLabels": {
-                    names.LABEL_JOB: job.name,
+                    names.LABEL_JOB_UID: job.uid,
                     names.LABEL_RESTART: str(restart),
                     names.coord_label(first): str(coord),
                 }
@@ -284,7 +257,7 @@ def build_pod(job: JobRef, spec: JobSpec, rank: int, restart: int) -> dict[str, 
     pod_spec["containers"] = containers
 
     volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") != names.WORKER_VOLUME]
-    volumes.append({"name": names.WORKER_VOLUME, "configMap": {"name": names.configmap_name(job.name)}})
+    volumes.append({"name": names.WORKER_VOLUME, "configMap": {"name": names.configmap_name(job)}})
     pod_spec["volumes"] = volumes
     pod_spec["restartPolicy"] = "Never"
 
@@ -299,6 +272,6 @@ def build_pod(job: JobRef, spec: JobSpec, rank: int, restart: int) -> dict[str, 
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _metadata(job, names.pod_name(job.name, restart, rank), labels, user_meta.get("annotations")),
+        "metadata": _metadata(job, names.pod_name(job, restart, rank), labels, user_meta.get("annotations")),
         "spec": pod_spec,
     }

@@ -1,37 +1,46 @@
-"""The operator's writes to the Kubernetes API: create, patch and delete by URL, as raw JSON.
+"""The operator's conversation with the Kubernetes API: raw JSON requests, lists and watches.
 
-Where it sits: above :mod:`spmd_operator.names`, below :mod:`spmd_operator.handlers`, which is its
-only user. Reads come from kopf's watches and index, never from here.
+Where it sits: above :mod:`spmd_operator.names`, below the informers and the controller. It is
+built on ``kubernetes_asyncio`` (a maintained asyncio client): its configuration loaders (the
+in-cluster service account, or a kubeconfig and its current context), its authenticated aiohttp
+session and its token refresh. Requests carry plain JSON, with no object model in between, so a
+pod template field newer than any client library reaches the API server unchanged, and a
+4,096-pod watch costs one ``json.loads`` per event.
 
-It goes through kopf's own API client (``kopf._cogs.clients.api``): the same authenticated
-aiohttp session and credentials kopf logs in with (kubeconfig or in-cluster service account,
-re-authenticated on 401), the same retries on 429 / 5xx, and no object model in between, so a
-pod template field newer than any client library reaches the API server unchanged. kopf does not
-export this client, so this module is the one place that depends on its internals (checked with
-kopf 1.45); every call must happen inside the operator's tasks (handlers, or tasks they start),
-where kopf's credentials are in context.
-
-Idempotence is built in: :meth:`Kube.create` reports an existing object (409) as ``False``,
-:meth:`Kube.delete` a missing one (404) as ``False``; every other error is raised as
-:class:`KubeError` with the HTTP status and the server's message.
+Errors: every failed request raises :class:`KubeError` with the HTTP status (0 when the server
+could not be reached), the server's reason and message, and the path; callers decide what a 404
+or 409 means for them (:meth:`Kube.create` and :meth:`Kube.delete` give the usual answers).
+Every request is counted through the optional ``observe`` callback (verb, outcome), which the
+metrics use.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Final
 from urllib.parse import quote
 
-from kopf._cogs.clients import api as _kopf_api
-from kopf._cogs.clients import errors as _kopf_errors
+import aiohttp
+from kubernetes_asyncio import client as k8s_client
+from kubernetes_asyncio import config as k8s_config
 
 from . import names
+
+logger = logging.getLogger(__name__)
 
 #: Concurrent requests of the whole operator (creations and deletions of every job together).
 DEFAULT_CONCURRENCY: Final = 48
 MERGE_PATCH: Final = "application/merge-patch+json"
+#: Seconds a single request may take (watches have their own, longer, limits).
+REQUEST_TIMEOUT: Final = 60.0
+#: Retries of a request that failed with 429, a 5xx or no answer at all, and their back-off.
+RETRIES: Final = 4
+RETRY_BACKOFF: Final = (0.2, 0.5, 1.0, 2.0)
+
+Observer = Callable[[str, str], None]
 
 
 class KubeError(Exception):
@@ -39,89 +48,236 @@ class KubeError(Exception):
 
     Attributes:
         status: the HTTP status (0 when the server could not be reached).
+        reason: the Status object's reason (``NotFound``, ``AlreadyExists``, ``Forbidden`` ...).
         message: the server's message, or the error's text.
+        path: the request's path.
     """
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, *, reason: str = "", path: str = "") -> None:
         super().__init__(f"HTTP {status}: {message}" if status else message)
         self.status = status
+        self.reason = reason
         self.message = message
+        self.path = path
+
+    @property
+    def namespace_terminating(self) -> bool:
+        """The namespace is being deleted: nothing new may be created in it."""
+        return self.status == 403 and "being terminated" in self.message
 
 
-def pods_url(namespace: str, name: str | None = None) -> str:
-    """``/api/v1/namespaces/<ns>/pods[/<name>]``."""
+def pods_url(namespace: str | None, name: str | None = None) -> str:
+    """``/api/v1[/namespaces/<ns>]/pods[/<name>]``."""
     return _core_url(namespace, "pods", name)
 
 
-def services_url(namespace: str, name: str | None = None) -> str:
-    """``/api/v1/namespaces/<ns>/services[/<name>]``."""
+def services_url(namespace: str | None, name: str | None = None) -> str:
+    """``/api/v1[/namespaces/<ns>]/services[/<name>]``."""
     return _core_url(namespace, "services", name)
 
 
-def configmaps_url(namespace: str, name: str | None = None) -> str:
-    """``/api/v1/namespaces/<ns>/configmaps[/<name>]``."""
+def configmaps_url(namespace: str | None, name: str | None = None) -> str:
+    """``/api/v1[/namespaces/<ns>]/configmaps[/<name>]``."""
     return _core_url(namespace, "configmaps", name)
+
+
+def events_url(namespace: str) -> str:
+    """``/api/v1/namespaces/<ns>/events``."""
+    return _core_url(namespace, "events", None)
+
+
+def namespace_url(name: str) -> str:
+    """``/api/v1/namespaces/<name>``."""
+    return f"/api/v1/namespaces/{quote(name)}"
+
+
+def jobs_url(namespace: str | None) -> str:
+    """The SPMDJobs of a namespace (or of all namespaces)."""
+    base = f"/apis/{names.GROUP}/{names.VERSION}"
+    return f"{base}/namespaces/{quote(namespace)}/{names.PLURAL}" if namespace else f"{base}/{names.PLURAL}"
 
 
 def job_url(namespace: str, name: str, subresource: str | None = None) -> str:
     """The SPMDJob ``name``, or one of its subresources (``status``)."""
-    url = f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{quote(namespace)}/{names.PLURAL}/{quote(name)}"
+    url = f"{jobs_url(namespace)}/{quote(name)}"
     return f"{url}/{subresource}" if subresource else url
 
 
-def _core_url(namespace: str, plural: str, name: str | None) -> str:
-    url = f"/api/v1/namespaces/{quote(namespace)}/{plural}"
+def _core_url(namespace: str | None, plural: str, name: str | None) -> str:
+    url = f"/api/v1/namespaces/{quote(namespace)}/{plural}" if namespace else f"/api/v1/{plural}"
     return f"{url}/{quote(name)}" if name else url
 
 
+def _error(status: int, text: str, path: str) -> KubeError:
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and body.get("kind") == "Status":
+        return KubeError(status, str(body.get("message") or text), reason=str(body.get("reason") or ""), path=path)
+    return KubeError(status, text.strip()[:500] or f"HTTP {status}", path=path)
+
+
 class Kube:
-    """Raw JSON requests to the API server with a shared concurrency limit.
+    """Raw JSON requests to the API server with a shared concurrency limit for writes.
 
     Args:
-        settings: kopf's operator settings (timeouts and retry backoffs of its client).
-        logger: where request errors are logged.
-        concurrency: the most requests in flight at once, across all jobs.
+        api: a configured ``kubernetes_asyncio`` ApiClient (see :meth:`connect`).
+        concurrency: the most writes in flight at once, across all jobs.
+        observe: called with (verb, outcome) after every request; outcome is the HTTP status
+            class (``2xx``, ``4xx``, ``5xx``) or ``error`` when the server was not reached.
     """
 
-    def __init__(self, settings: Any, logger: logging.Logger, concurrency: int = DEFAULT_CONCURRENCY) -> None:
-        self._settings = settings
-        self._logger = logger
+    def __init__(self, api: k8s_client.ApiClient, concurrency: int = DEFAULT_CONCURRENCY,
+                 observe: Observer | None = None) -> None:
+        self._api = api
         self._limit = asyncio.Semaphore(max(1, concurrency))
+        self.observe = observe
 
-    async def _request(self, method: str, url: str, payload: object = None, headers: dict[str, str] | None = None) -> Any:
-        async with self._limit:
+    @classmethod
+    async def connect(cls, *, kubeconfig: str | None = None, context: str | None = None,
+                      concurrency: int = DEFAULT_CONCURRENCY, observe: Observer | None = None) -> Kube:
+        """Logs in like kubectl: the in-cluster service account if present, else the kubeconfig."""
+        configuration = k8s_client.Configuration()
+        try:
+            if kubeconfig:
+                raise k8s_config.ConfigException("a kubeconfig was given")
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        except k8s_config.ConfigException:
+            await k8s_config.load_kube_config(config_file=kubeconfig, context=context,
+                                              client_configuration=configuration)
+        configuration.connection_pool_maxsize = max(concurrency + 8, 16)
+        return cls(k8s_client.ApiClient(configuration), concurrency, observe)
+
+    async def close(self) -> None:
+        await self._api.close()
+
+    def _count(self, verb: str, status: int) -> None:
+        if self.observe is not None:
+            self.observe(verb, f"{status // 100}xx" if status else "error")
+
+    async def _send(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
+                    body: Any = None, content_type: str = "application/json",
+                    timeout: Any = REQUEST_TIMEOUT) -> aiohttp.ClientResponse:
+        return await self._api.call_api(
+            path, method,
+            query_params=list((query or {}).items()),
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=timeout,
+        )
+
+    async def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
+                      body: Any = None, content_type: str = "application/json") -> Any:
+        """One request; returns the decoded JSON answer. Retries 429, 5xx and lost connections.
+
+        Raises:
+            KubeError: any other failure, or the last one once the retries are used up.
+        """
+        verb = method.lower()
+        for attempt in range(RETRIES + 1):
             try:
-                response = await _kopf_api.request(
-                    method, url, payload=payload, headers=headers, settings=self._settings, logger=self._logger
-                )
+                response = await self._send(method, path, query=query, body=body, content_type=content_type)
                 async with response:
-                    return await response.json()
-            except _kopf_errors.APIError as e:
-                raise KubeError(e.status, e.message or str(e)) from e
-            except (OSError, asyncio.TimeoutError) as e:
-                raise KubeError(0, f"{method.upper()} {url} failed: {e!r}") from e
+                    text = await response.text()
+                    status = response.status
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+                self._count(verb, 0)
+                error = KubeError(0, f"{method} {path} failed: {e!r}", path=path)
+            else:
+                self._count(verb, status)
+                if 200 <= status < 300:
+                    return json.loads(text) if text else {}
+                error = _error(status, text, path)
+                if status != 429 and status < 500:
+                    raise error
+            if attempt == RETRIES:
+                raise error
+            await asyncio.sleep(RETRY_BACKOFF[min(attempt, len(RETRY_BACKOFF) - 1)])
+        raise AssertionError("unreachable")
 
-    async def create(self, url: str, body: Mapping[str, Any]) -> bool:
-        """POSTs ``body`` to the collection ``url``; False when it already exists (409)."""
+    async def get(self, path: str) -> dict[str, Any] | None:
+        """The object at ``path``, or None when it does not exist (404)."""
         try:
-            await self._request("post", url, dict(body))
-        except KubeError as e:
-            if e.status == 409:
-                return False
-            raise
-        return True
-
-    async def patch(self, url: str, patch: Mapping[str, Any]) -> dict[str, Any]:
-        """Applies a JSON merge patch to the object at ``url``; returns the object as patched."""
-        result = await self._request("patch", url, dict(patch), headers={"Content-Type": MERGE_PATCH})
-        return result if isinstance(result, dict) else {}
-
-    async def delete(self, url: str, propagation: str = "Background") -> bool:
-        """Deletes the object at ``url``; False when it is already gone (404)."""
-        try:
-            await self._request("delete", url, {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation})
+            return await self.request("GET", path)
         except KubeError as e:
             if e.status == 404:
-                return False
+                return None
             raise
+
+    async def list(self, path: str, *, label_selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
+        """Every object of the collection ``path`` (paged), and the list's resourceVersion."""
+        items: list[dict[str, Any]] = []
+        query: dict[str, Any] = {"limit": 500}
+        if label_selector:
+            query["labelSelector"] = label_selector
+        while True:
+            page = await self.request("GET", path, query=query)
+            items.extend(page.get("items") or [])
+            meta = page.get("metadata") or {}
+            if not meta.get("continue"):
+                return items, str(meta.get("resourceVersion") or "")
+            query["continue"] = meta["continue"]
+
+    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """POSTs ``body`` to the collection ``path``; the created object, or None if the name is taken (409)."""
+        async with self._limit:
+            try:
+                return await self.request("POST", path, body=dict(body))
+            except KubeError as e:
+                if e.status == 409 and e.reason == "AlreadyExists":
+                    return None
+                raise
+
+    async def patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """Applies a JSON merge patch to the object at ``path``; returns the object as patched."""
+        async with self._limit:
+            result = await self.request("PATCH", path, body=dict(patch), content_type=MERGE_PATCH)
+        return result if isinstance(result, dict) else {}
+
+    async def delete(self, path: str, *, uid: str | None = None, propagation: str = "Background") -> bool:
+        """Deletes the object at ``path``; False when it is already gone (404).
+
+        With ``uid`` the deletion is conditional (a precondition): an object of the same name but
+        another uid (a namesake created since) is left alone, and that also counts as gone.
+        """
+        options: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
+        if uid:
+            options["preconditions"] = {"uid": uid}
+        async with self._limit:
+            try:
+                await self.request("DELETE", path, body=options)
+            except KubeError as e:
+                if e.status == 404 or (uid and e.status == 409):
+                    return False
+                raise
         return True
+
+    async def watch(self, path: str, *, resource_version: str, label_selector: str | None = None,
+                    timeout_seconds: int = 270) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Streams ``(type, object)`` watch events of the collection ``path`` from ``resource_version``.
+
+        Types are ADDED, MODIFIED, DELETED, BOOKMARK and ERROR (the object is then a Status: 410
+        means the version is too old and the caller must list again). The stream ends when the
+        server closes it (``timeout_seconds``) or the connection breaks.
+        """
+        query: dict[str, Any] = {"watch": "1", "resourceVersion": resource_version, "allowWatchBookmarks": "true",
+                                 "timeoutSeconds": str(timeout_seconds)}
+        if label_selector:
+            query["labelSelector"] = label_selector
+        timeout = aiohttp.ClientTimeout(total=None, connect=30, sock_connect=30, sock_read=timeout_seconds + 30)
+        response = await self._send("GET", path, query=query, timeout=timeout)
+        async with response:
+            self._count("watch", response.status)
+            if response.status != 200:
+                raise _error(response.status, await response.text(), path)
+            buffer = b""
+            async for chunk in response.content.iter_any():
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        event = json.loads(line)
+                        yield str(event.get("type")), event.get("object") or {}

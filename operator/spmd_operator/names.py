@@ -1,13 +1,22 @@
-"""Names, labels and fixed paths of everything the SPMDJob operator creates.
+"""Identity, names, labels and fixed paths of everything the SPMDJob operator creates.
 
-The bottom layer of ``spmd_operator``: plain constants and name functions, imported by the
-builders, the lifecycle logic and the handlers alike. docs/interfaces.md is the contract these
-values follow; change it first.
+The bottom layer of ``spmd_operator``: a job's identity (:class:`JobRef`) and the names of its
+children, imported by the builders, the lifecycle policies and the controller alike. The label
+and group names themselves live in :mod:`monarch_spmd.payload.names` (the worker and the local
+runner use them too); ``docs/interfaces.md`` is the contract these values follow.
+
+Every child's name starts with ``<job>-<id>``, where ``<id>`` is five hex digits of the job's uid
+(:func:`job_id`). A job created under the name of a deleted one therefore never meets the older
+job's pods, Services or ConfigMap by name, even while they are still terminating or after a
+``kubectl delete --cascade=orphan`` left them behind; and ownership is decided by the controller
+owner reference (the job's uid), never by name or by the job-name label alone.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
 
 from monarch_spmd.payload.names import (
     API_VERSION,
@@ -31,6 +40,7 @@ __all__ = [
     "CONTAINER_NAME",
     "COORD_LABEL_PREFIX",
     "GROUP",
+    "JOB_ID_LENGTH",
     "KIND",
     "LABEL_JOB",
     "LABEL_JOB_UID",
@@ -38,14 +48,18 @@ __all__ = [
     "LABEL_RANK",
     "LABEL_RESTART",
     "MAX_JOB_NAME_LENGTH",
+    "PAYLOAD_HASH_ANNOTATION",
     "PLURAL",
     "VERSION",
     "WORKER_MOUNT_PATH",
     "WORKER_SCRIPT",
     "WORKER_VOLUME",
+    "JobRef",
     "configmap_name",
     "coord_label",
+    "job_id",
     "master_addr",
+    "owner_uid",
     "pod_name",
     "service_name",
 ]
@@ -55,26 +69,79 @@ CONTAINER_NAME: Final = TRAINER_CONTAINER
 WORKER_VOLUME: Final = "monarch-spmd-worker"
 WORKER_MOUNT_PATH: Final = "/opt/monarch-spmd/payload"
 WORKER_SCRIPT: Final = f"{WORKER_MOUNT_PATH}/worker.py"
+#: On the ConfigMap: a hash of the payload it holds, so an upgraded operator refreshes it.
+PAYLOAD_HASH_ANNOTATION: Final = f"{GROUP}/payload-hash"
+#: Hex digits of the job's uid in every child's name.
+JOB_ID_LENGTH: Final = 5
 
 
-def pod_name(job: str, restart: int, rank: int) -> str:
-    """The pod of ``rank`` in gang attempt ``restart``: ``<job>-r<restart>-<rank>``, e.g. hello-r0-3.
+@dataclass(frozen=True)
+class JobRef:
+    """The identity of an SPMDJob: what every child needs to name itself and its owner.
+
+    Attributes:
+        name: the job's name (a DNS-1035 label of at most 50 characters).
+        namespace: the job's namespace; every child lives there.
+        uid: the job's uid: the owner reference, the job-uid label, TORCHELASTIC_RUN_ID, and
+            (shortened) part of every child's name.
+    """
+
+    name: str
+    namespace: str
+    uid: str
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> JobRef:
+        """Reads the identity from an SPMDJob object as the API server returns it."""
+        meta = body.get("metadata") or {}
+        return cls(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """``(namespace, name)``: how the controller and the caches index jobs."""
+        return (self.namespace, self.name)
+
+
+def job_id(uid: str) -> str:
+    """Five lowercase hex digits of ``uid``: two jobs of the same name get different children."""
+    digits = "".join(c for c in uid.lower() if c in "0123456789abcdef")
+    return (digits + "0" * JOB_ID_LENGTH)[:JOB_ID_LENGTH]
+
+
+def _prefix(job: JobRef) -> str:
+    return f"{job.name}-{job_id(job.uid)}"
+
+
+def pod_name(job: JobRef, restart: int, index: int) -> str:
+    """Pod ``index`` of gang attempt ``restart``: ``<job>-<id>-r<restart>-<index>``, e.g. hello-3fa9c-r0-3.
 
     Deterministic, so creating a pod twice is a 409 rather than a duplicate.
     """
-    return f"{job}-r{restart}-{rank}"
+    return f"{_prefix(job)}-r{restart}-{index}"
 
 
-def service_name(job: str) -> str:
-    """The headless Service that resolves to the current attempt's rank-0 pod."""
-    return f"{job}-master"
+def service_name(job: JobRef, restart: int) -> str:
+    """The headless Service of attempt ``restart``, resolving to that attempt's rank-0 pod.
+
+    One name per attempt (``<job>-<id>-m<restart>``, at most 61 characters): a rank of a new
+    attempt can never reach a pod of an older one through MASTER_ADDR, whatever a DNS cache holds.
+    """
+    return f"{_prefix(job)}-m{restart}"
 
 
-def configmap_name(job: str) -> str:
-    """The ConfigMap holding the worker's files."""
-    return f"{job}-worker"
+def configmap_name(job: JobRef) -> str:
+    """The ConfigMap holding the payload (the worker)."""
+    return f"{_prefix(job)}-worker"
 
 
-def master_addr(job: str, namespace: str) -> str:
-    """MASTER_ADDR of every proc: the Service's DNS name, ``<job>-master.<namespace>.svc``."""
-    return f"{service_name(job)}.{namespace}.svc"
+def master_addr(job: JobRef, restart: int) -> str:
+    """MASTER_ADDR of every proc of attempt ``restart``: its Service's DNS name."""
+    return f"{service_name(job, restart)}.{job.namespace}.svc"
+
+
+def owner_uid(body: Mapping[str, Any]) -> str | None:
+    """The uid of an object's controller owner of kind SPMDJob, if it has one."""
+    for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == KIND and str(ref.get("apiVersion", "")).startswith(f"{GROUP}/"):
+            return ref.get("uid")
+    return None

@@ -19,8 +19,9 @@ import pytest
 import yaml
 from kubernetes import client
 
-from monarch_spmd import ports
 from devcluster import KWOK_TOLERATION, PROCESS_NODE, LocalCluster
+from monarch_spmd import ports
+from spmd_operator import names
 
 GROUP, VERSION, PLURAL = "spmd.monarch.dev", "v1alpha1", "spmdjobs"
 PROBE = str(Path(__file__).with_name("probe.py"))
@@ -99,6 +100,16 @@ def wait_phase(cluster: LocalCluster, namespace: str, name: str, phase: str,
                timeout: float = 180) -> dict[str, Any]:
     return wait_job(cluster, namespace, name,
                     lambda j: j.get("status", {}).get("phase") == phase, timeout, f"phase {phase}")
+
+
+def job_ref(job: dict[str, Any]) -> names.JobRef:
+    """The identity of a job read back from the API server: what its children's names derive from."""
+    return names.JobRef.from_body(job)
+
+
+def pod_names(job: dict[str, Any], restart: int, count: int) -> list[str]:
+    """The names the pods of attempt ``restart`` of ``job`` have (``<job>-<id>-r<restart>-<rank>``)."""
+    return sorted(names.pod_name(job_ref(job), restart, r) for r in range(count))
 
 
 def job_pods(cluster: LocalCluster, namespace: str, name: str) -> list[client.V1Pod]:

@@ -13,7 +13,7 @@ import signal
 
 import pytest
 
-from tests.e2e.conftest import apply, free_port, job_manifest, job_pods, wait_phase, wait_until
+from tests.e2e.conftest import apply, free_port, job_manifest, job_pods, pod_names, wait_phase, wait_until
 
 pytestmark = pytest.mark.cluster
 PROCS = 64
@@ -40,7 +40,7 @@ def test_operator_killed_mid_creation_leaves_exactly_one_pod_per_proc(operator, 
     job = wait_phase(c, namespace, "big", "Running", timeout=240)
     pods = job_pods(c, namespace, "big")
     names = [p.metadata.name for p in pods]
-    assert sorted(names) == sorted(f"big-r0-{r}" for r in range(PROCS)), names
+    assert sorted(names) == pod_names(job, 0, PROCS), names
     uid = job["metadata"]["uid"]
     for pod in pods:
         owners = pod.metadata.owner_references or []

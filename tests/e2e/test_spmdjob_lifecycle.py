@@ -11,8 +11,9 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from tests.e2e.conftest import (PROBE, apply, get_job, job_events, job_manifest, job_pods,
-                                probe_lines, wait_job, wait_phase, wait_until)
+from spmd_operator import names
+from tests.e2e.conftest import (PROBE, apply, get_job, job_events, job_manifest, job_pods, job_ref,
+                                pod_names, probe_lines, wait_job, wait_phase, wait_until)
 
 pytestmark = pytest.mark.cluster
 RANK = "spmd.monarch.dev/rank"
@@ -27,7 +28,7 @@ def test_mesh_2x2_runs_gloo_all_reduce_and_ddp_then_succeeds(running_operator, n
     status = job["status"]
     assert (status["procs"], status["mesh"], status["restarts"]) == (4, "hosts=2,gpus=2", 0)
     pods = job_pods(c, namespace, "hello")
-    assert sorted(p.metadata.name for p in pods) == [f"hello-r0-{r}" for r in range(4)]
+    assert sorted(p.metadata.name for p in pods) == pod_names(job, 0, 4)
     ips = {p.status.pod_ip for p in pods}
     assert len(ips) == 4 and None not in ips, ips
     rank0_ip = next(p.status.pod_ip for p in pods if p.metadata.labels[RANK] == "0")
@@ -37,7 +38,7 @@ def test_mesh_2x2_runs_gloo_all_reduce_and_ddp_then_succeeds(running_operator, n
         (seen,) = probe_lines(log, "PROBE")
         assert seen["RANK"] == pod.metadata.labels[RANK]
         assert seen["WORLD_SIZE"] == "4" and seen["LOCAL_WORLD_SIZE"] == "2"
-        assert seen["MASTER_ADDR"] == f"hello-master.{namespace}.svc"
+        assert seen["MASTER_ADDR"] == names.master_addr(job_ref(job), 0) == status["masterAddr"]
         assert seen["master_ip"] == rank0_ip, (pod.metadata.name, seen)
         assert seen["POD_IP"] == pod.status.pod_ip
         (result,) = probe_lines(log, "RESULT")
@@ -58,7 +59,7 @@ def test_mesh_2x2_runs_gloo_all_reduce_and_ddp_then_succeeds(running_operator, n
 
 def test_rank_failing_once_restarts_the_whole_gang_then_succeeds(running_operator, namespace):
     c = running_operator
-    args = ["-m", "monarch_spmd.examples.fail_once", "--rank", "1", "--code", "3", "--sleep", "1"]
+    args = ["-m", "tests.programs.fail_once", "--rank", "1", "--code", "3", "--sleep", "1"]
     apply(c, namespace, job_manifest("flaky", [("procs", 2)], args,
                                      restartPolicy={"maxRestarts": 2}))
     job = wait_phase(c, namespace, "flaky", "Succeeded", timeout=240)
@@ -66,14 +67,14 @@ def test_rank_failing_once_restarts_the_whole_gang_then_succeeds(running_operato
     pods = job_pods(c, namespace, "flaky")
     assert {p.metadata.labels[RESTART] for p in pods} <= {"0", "1"}
     second = sorted(p.metadata.name for p in pods if p.metadata.labels[RESTART] == "1")
-    assert second == ["flaky-r1-0", "flaky-r1-1"]
-    assert "restart 1" in c.pod_log(namespace, "flaky-r1-1")
+    assert second == pod_names(job, 1, 2)
+    assert "restart 1" in c.pod_log(namespace, second[1])
     assert "Restarting" in [e.reason for e in job_events(c, namespace, "flaky")]
 
 
 def test_rank_always_failing_fails_after_the_limit_with_its_root_cause(running_operator, namespace):
     c = running_operator
-    args = ["-m", "monarch_spmd.examples.fail_once", "--rank", "1", "--code", "7", "--always"]
+    args = ["-m", "tests.programs.fail_once", "--rank", "1", "--code", "7", "--always"]
     apply(c, namespace, job_manifest("doomed", [("procs", 2)], args,
                                      restartPolicy={"maxRestarts": 1}))
     job = wait_phase(c, namespace, "doomed", "Failed", timeout=240)
@@ -90,7 +91,7 @@ def test_rank_always_failing_fails_after_the_limit_with_its_root_cause(running_o
 
 def test_permanent_exit_code_fails_without_restarting(running_operator, namespace):
     c = running_operator
-    args = ["-m", "monarch_spmd.examples.fail_once", "--rank", "0", "--code", "42"]
+    args = ["-m", "tests.programs.fail_once", "--rank", "0", "--code", "42"]
     apply(c, namespace, job_manifest("fatal", [("procs", 2)], args,
                                      restartPolicy={"maxRestarts": 3, "permanentExitCodes": [42]}))
     job = wait_phase(c, namespace, "fatal", "Failed", timeout=180)
@@ -101,11 +102,12 @@ def test_permanent_exit_code_fails_without_restarting(running_operator, namespac
 
 def test_deleting_the_job_garbage_collects_pods_service_and_configmap(running_operator, namespace):
     c = running_operator
-    args = ["-m", "monarch_spmd.examples.fail_once", "--rank", "9", "--sleep", "300"]
+    args = ["-m", "tests.programs.fail_once", "--rank", "9", "--sleep", "300"]
     apply(c, namespace, job_manifest("sleepy", [("procs", 2)], args))
     wait_phase(c, namespace, "sleepy", "Running", timeout=120)
     core = client.CoreV1Api(c.api_client())
-    assert core.read_namespaced_service("sleepy-master", namespace).spec.cluster_ip == "None"
+    service = names.service_name(job_ref(get_job(c, namespace, "sleepy")), 0)
+    assert core.read_namespaced_service(service, namespace).spec.cluster_ip == "None"
     c.kubectl("delete", "spmdjob", "sleepy", "-n", namespace, "--wait=true", timeout=120)
 
     def gone() -> bool:
@@ -119,7 +121,7 @@ def test_deleting_the_job_garbage_collects_pods_service_and_configmap(running_op
 
 def test_suspend_deletes_pods_and_resume_recreates_them(running_operator, namespace):
     c = running_operator
-    args = ["-m", "monarch_spmd.examples.fail_once", "--rank", "9", "--sleep", "300"]
+    args = ["-m", "tests.programs.fail_once", "--rank", "9", "--sleep", "300"]
     apply(c, namespace, job_manifest("pausable", [("procs", 2)], args))
     wait_phase(c, namespace, "pausable", "Running", timeout=120)
     c.kubectl("patch", "spmdjob", "pausable", "-n", namespace, "--type=merge",
@@ -138,25 +140,26 @@ def test_suspend_deletes_pods_and_resume_recreates_them(running_operator, namesp
 
 def test_pod_deleted_from_under_a_running_job_restarts_the_gang(running_operator, namespace):
     c = running_operator
-    args = ["-m", "monarch_spmd.examples.fail_once", "--rank", "9", "--sleep", "300"]
+    args = ["-m", "tests.programs.fail_once", "--rank", "9", "--sleep", "300"]
     apply(c, namespace, job_manifest("victim", [("procs", 2)], args,
                                      restartPolicy={"maxRestarts": 2}))
-    wait_phase(c, namespace, "victim", "Running", timeout=120)
-    c.kubectl("delete", "pod", "victim-r0-1", "-n", namespace, "--wait=false")
+    first = wait_phase(c, namespace, "victim", "Running", timeout=120)
+    victim = names.pod_name(job_ref(first), 0, 1)
+    c.kubectl("delete", "pod", victim, "-n", namespace, "--wait=false")
     job = wait_job(c, namespace, "victim",
                    lambda j: j["status"].get("restarts") == 1 and j["status"].get("phase") == "Running",
                    timeout=180, what="restarts 1 and Running again")
-    names = sorted(p.metadata.name for p in job_pods(c, namespace, "victim")
-                   if p.metadata.labels[RESTART] == "1")
-    assert names == ["victim-r1-0", "victim-r1-1"]
-    assert job["status"]["failure"]["pod"] == "victim-r0-1"
+    second = sorted(p.metadata.name for p in job_pods(c, namespace, "victim")
+                    if p.metadata.labels[RESTART] == "1")
+    assert second == pod_names(job, 1, 2)
+    assert job["status"]["failure"]["pod"] == victim
     assert get_job(c, namespace, "victim")["status"]["phase"] == "Running"
     c.kubectl("delete", "spmdjob", "victim", "-n", namespace, "--wait=false")
 
 
 def test_active_deadline_fails_the_job_and_stops_its_pods(running_operator, namespace):
     c = running_operator
-    args = ["-m", "monarch_spmd.examples.fail_once", "--rank", "9", "--sleep", "300"]
+    args = ["-m", "tests.programs.fail_once", "--rank", "9", "--sleep", "300"]
     apply(c, namespace, job_manifest("late", [("procs", 2)], args, activeDeadlineSeconds=5))
     job = wait_phase(c, namespace, "late", "Failed", timeout=120)
     assert job["status"]["failure"]["reason"] == "DeadlineExceeded", job["status"]["failure"]
@@ -167,15 +170,15 @@ def test_active_deadline_fails_the_job_and_stops_its_pods(running_operator, name
 
 def test_ttl_after_finished_deletes_the_job(running_operator, namespace):
     c = running_operator
-    args = ["-m", "monarch_spmd.examples.fail_once", "--rank", "9"]
+    args = ["-m", "tests.programs.fail_once", "--rank", "9"]
     apply(c, namespace, job_manifest("brief", [("procs", 2)], args, ttlSecondsAfterFinished=2))
     wait_phase(c, namespace, "brief", "Succeeded", timeout=120)
     api = client.CustomObjectsApi(c.api_client())
 
     def deleted() -> bool:
-        names = [j["metadata"]["name"] for j in api.list_namespaced_custom_object(
+        jobs = [j["metadata"]["name"] for j in api.list_namespaced_custom_object(
             "spmd.monarch.dev", "v1alpha1", namespace, "spmdjobs")["items"]]
-        return "brief" not in names
+        return "brief" not in jobs
 
     wait_until(deleted, 60, "the finished job deleted after its TTL")
     wait_until(lambda: not job_pods(c, namespace, "brief"), 60, "its pods garbage-collected")

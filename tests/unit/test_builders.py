@@ -11,9 +11,9 @@ import monarch_spmd
 from monarch_spmd.payload import worker
 from monarch_spmd.spec import parse_job_spec
 from spmd_operator import builders, names
-from spmd_operator.builders import JobRef
+from spmd_operator.names import JobRef
 
-JOB = JobRef(name="hello", namespace="team-a", uid="1234-uid")
+JOB = JobRef(name="hello", namespace="team-a", uid="1234abcd-0000-4000-8000-000000000000")
 BASE = {"mesh": [{"name": "hosts", "size": 2}, {"name": "gpus", "size": 2}], "args": ["-m", "train", "--lr", "0.1"], "image": "img:1"}
 
 
@@ -37,27 +37,45 @@ OWNER = {
     "apiVersion": "spmd.monarch.dev/v1alpha1",
     "kind": "SPMDJob",
     "name": "hello",
-    "uid": "1234-uid",
+    "uid": "1234abcd-0000-4000-8000-000000000000",
     "controller": True,
     "blockOwnerDeletion": True,
 }
 
 
 def test_names_follow_the_interface_document():
-    assert names.pod_name("hello", 0, 3) == "hello-r0-3"
-    assert names.pod_name("hello", 12, 4095) == "hello-r12-4095"
-    assert names.service_name("hello") == "hello-master"
-    assert names.configmap_name("hello") == "hello-worker"
-    assert names.master_addr("hello", "team-a") == "hello-master.team-a.svc"
+    assert names.job_id(JOB.uid) == "1234a"
+    assert names.pod_name(JOB, 0, 3) == "hello-1234a-r0-3"
+    assert names.pod_name(JOB, 12, 4095) == "hello-1234a-r12-4095"
+    assert names.service_name(JOB, 2) == "hello-1234a-m2"
+    assert names.configmap_name(JOB) == "hello-1234a-worker"
+    assert names.master_addr(JOB, 2) == "hello-1234a-m2.team-a.svc"
     assert names.coord_label("hosts") == "spmd.monarch.dev/coord-hosts"
-    longest = "a" * names.MAX_JOB_NAME_LENGTH
-    assert len(names.pod_name(longest, 100, 4095)) <= 63
-    assert len(names.service_name(longest)) <= 63
+
+
+def test_two_jobs_of_the_same_name_never_share_a_child_name():
+    again = JobRef(name="hello", namespace="team-a", uid="9f00aa11-0000-4000-8000-000000000000")
+    assert names.pod_name(again, 0, 0) != names.pod_name(JOB, 0, 0)
+    assert names.service_name(again, 0) != names.service_name(JOB, 0)
+    assert names.configmap_name(again) != names.configmap_name(JOB)
+
+
+def test_every_service_name_is_a_dns_label_even_for_the_longest_job_name_and_many_restarts():
+    longest = JobRef("a" * names.MAX_JOB_NAME_LENGTH, "ns", JOB.uid)
+    assert len(names.service_name(longest, 99999)) <= 63
+    assert len(names.pod_name(longest, 99999, 4095)) <= 253
 
 
 def test_job_ref_reads_an_api_object():
-    body = {"metadata": {"name": "hello", "namespace": "team-a", "uid": "1234-uid", "generation": 2}}
+    body = {"metadata": {"name": "hello", "namespace": "team-a", "uid": JOB.uid, "generation": 2}}
     assert JobRef.from_body(body) == JOB
+
+
+def test_owner_uid_is_the_controller_spmdjob():
+    pod = builders.build_pod(JOB, spec(), 0, 0)
+    assert names.owner_uid(pod) == JOB.uid
+    pod["metadata"]["ownerReferences"][0]["controller"] = False
+    assert names.owner_uid(pod) is None
 
 
 @pytest.mark.parametrize(
@@ -68,10 +86,11 @@ def test_pod_identity_labels_and_owner(rank, coords):
     pod = builders.build_pod(JOB, spec(), rank, 2)
     meta = pod["metadata"]
     assert (pod["apiVersion"], pod["kind"]) == ("v1", "Pod")
-    assert meta["name"] == f"hello-r2-{rank}"
+    assert meta["name"] == f"hello-1234a-r2-{rank}"
     assert meta["namespace"] == "team-a"
     assert meta["labels"] == {
         "spmd.monarch.dev/job": "hello",
+        "spmd.monarch.dev/job-uid": JOB.uid,
         "spmd.monarch.dev/rank": str(rank),
         "spmd.monarch.dev/restart": "2",
         "spmd.monarch.dev/coord-hosts": coords[0],
@@ -89,7 +108,7 @@ def test_pod_command_runs_the_shipped_worker():
     assert "args" not in c
     assert c["image"] == "img:1"
     assert {"name": "monarch-spmd-worker", "mountPath": "/opt/monarch-spmd/payload", "readOnly": True} in c["volumeMounts"]
-    assert {"name": "monarch-spmd-worker", "configMap": {"name": "hello-worker"}} in pod["spec"]["volumes"]
+    assert {"name": "monarch-spmd-worker", "configMap": {"name": "hello-1234a-worker"}} in pod["spec"]["volumes"]
     assert pod["spec"]["restartPolicy"] == "Never"
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
@@ -106,9 +125,9 @@ def test_pod_env_is_the_worker_input_plus_downward_api():
     assert inputs.mesh == [("hosts", 2), ("gpus", 2)]
     assert inputs.coords == [1, 1]
     assert inputs.rank == 3
-    assert (inputs.master_addr, inputs.master_port) == ("hello-master.team-a.svc", 1234)
+    assert (inputs.master_addr, inputs.master_port) == ("hello-1234a-m1.team-a.svc", 1234)
     assert (inputs.restart_count, inputs.max_restarts) == (1, 7)
-    assert inputs.run_id == "1234-uid"
+    assert inputs.run_id == JOB.uid
     assert inputs.rendezvous_timeout == 90
     assert inputs.local_rank_scope == "mesh"
     torch_env = worker.build_env(inputs, {})
@@ -225,7 +244,7 @@ def test_colocate_prefers_the_node_of_the_same_first_coordinate():
     assert term["podAffinityTerm"] == {
         "labelSelector": {
             "matchLabels": {
-                "spmd.monarch.dev/job": "hello",
+                "spmd.monarch.dev/job-uid": JOB.uid,
                 "spmd.monarch.dev/restart": "1",
                 "spmd.monarch.dev/coord-hosts": "1",
             }
@@ -251,13 +270,14 @@ def test_build_pod_rejects_a_rank_out_of_range():
 def test_service_is_headless_and_selects_the_current_rank_zero():
     svc = builders.build_service(JOB, spec(masterPort=29400), 3)
     assert (svc["apiVersion"], svc["kind"]) == ("v1", "Service")
-    assert svc["metadata"]["name"] == "hello-master"
+    assert svc["metadata"]["name"] == "hello-1234a-m3"
     assert svc["metadata"]["namespace"] == "team-a"
-    assert svc["metadata"]["labels"] == {"spmd.monarch.dev/job": "hello"}
+    assert svc["metadata"]["labels"] == {"spmd.monarch.dev/job": "hello", "spmd.monarch.dev/job-uid": JOB.uid,
+                                         "spmd.monarch.dev/restart": "3"}
     assert svc["metadata"]["ownerReferences"] == [OWNER]
     assert svc["spec"]["clusterIP"] == "None"
     assert svc["spec"]["publishNotReadyAddresses"] is True
-    assert svc["spec"]["selector"] == {"spmd.monarch.dev/job": "hello", "spmd.monarch.dev/rank": "0", "spmd.monarch.dev/restart": "3"}
+    assert svc["spec"]["selector"] == {"spmd.monarch.dev/job-uid": JOB.uid, "spmd.monarch.dev/rank": "0", "spmd.monarch.dev/restart": "3"}
     assert svc["spec"]["ports"] == [{"name": "master", "port": 29400, "targetPort": 29400, "protocol": "TCP"}]
     # The service selects exactly the rank-0 pod of that attempt.
     pod_labels = builders.build_pod(JOB, spec(), 0, 3)["metadata"]["labels"]
@@ -270,8 +290,9 @@ def test_worker_configmap_holds_the_library_files():
     assert files == {p.name: p.read_text(encoding="utf-8") for p in payload.glob("*.py")}
     cm = builders.build_worker_configmap(JOB, files)
     assert (cm["apiVersion"], cm["kind"]) == ("v1", "ConfigMap")
-    assert cm["metadata"]["name"] == "hello-worker"
-    assert cm["metadata"]["labels"] == {"spmd.monarch.dev/job": "hello"}
+    assert cm["metadata"]["name"] == "hello-1234a-worker"
+    assert cm["metadata"]["labels"] == {"spmd.monarch.dev/job": "hello", "spmd.monarch.dev/job-uid": JOB.uid}
+    assert cm["metadata"]["annotations"] == {"spmd.monarch.dev/payload-hash": builders.payload_hash(files)}
     assert cm["metadata"]["ownerReferences"] == [OWNER]
     assert cm["data"] == files
     assert sum(len(v.encode()) for v in files.values()) < 1024 * 1024, "a ConfigMap holds at most 1 MiB"

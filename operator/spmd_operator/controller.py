@@ -1,0 +1,474 @@
+"""The controller: one reconcile loop per SPMDJob, fed by informers, writing through :mod:`.kube`.
+
+Where it sits: above :mod:`.lifecycle` (decides), :mod:`.builders` (builds), :mod:`.informer`
+(observes) and :mod:`.kube` (writes); below :mod:`.handlers`, the kopf wiring that hands it the
+SPMDJobs kopf watches.
+
+Design, for jobs of thousands of pods:
+
+* The job's children (pods, Services, ConfigMaps) come from three labelled informers; a change
+  only wakes the job's loop. SPMDJob events (from kopf) record the newest object and wake too.
+* Each job has one asyncio task: wait for a wake-up (or a deadline/TTL timer, or the periodic
+  resync), run :func:`.lifecycle.reconcile` on the job and its observed children, and carry out
+  the plan: ONE status merge patch, then deletions, then the ConfigMap and Service, then pod
+  creations (many at a time, bounded by the client's semaphore), then Events. A burst of
+  wake-ups within COALESCE_SECONDS of a pass becomes one more pass.
+* Never a stale view for long: every ``resync`` seconds (default 60) the loop re-reads the job
+  (a 404 ends the loop: the job was deleted while no watch was looking) and its children from
+  the server by label, replacing what the informers hold for it.
+* Ownership: only children whose controller owner reference is the job's uid count. A namesake's
+  leftovers (still terminating, or orphaned by ``kubectl delete --cascade=orphan``) are neither
+  adopted nor blamed; their names never collide with ours (the uid is in every child's name).
+* Idempotence: names are deterministic, a 409 on create is checked (ours: fine; not ours: said
+  in an Event), a 404 on delete is success, deletions carry the uid as a precondition, and the
+  status (attempt number, phase, failure) is written before any child is touched, so a crash or
+  an operator restart repeats the same pass. Until the job watch delivers the status the loop
+  wrote, older job versions from the watch are ignored (matched by content, never by comparing
+  resourceVersions, which are opaque).
+* A job whose namespace is being deleted is left alone: its loop stops without restarting
+  anything or posting Warnings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime as dt
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from monarch_spmd.spec import SpecError, parse_job_spec
+
+from . import builders, informer, kube, lifecycle, names
+from .names import JobRef
+
+logger = logging.getLogger(__name__)
+
+#: At most one pass per this many seconds, so a burst of child events becomes one pass.
+COALESCE_SECONDS: Final = 0.3
+#: A job re-reads itself and its children from the server at least this often.
+DEFAULT_RESYNC_SECONDS: Final = 60.0
+#: How long a pod this operator created is trusted to exist before the informer shows it.
+CREATED_MEMORY_SECONDS: Final = 30.0
+#: Waits after a failed pass, growing to the last one.
+ERROR_BACKOFF_SECONDS: Final = (2.0, 5.0, 15.0, 30.0, 60.0)
+#: `kubectl describe`'s "From" column of the Events the operator posts.
+COMPONENT: Final = "spmdjob-operator"
+EVENT_MESSAGE_CHARS: Final = 1024
+
+JobKey = tuple[str, str]
+
+
+class JobGone(Exception):
+    """The job no longer exists (or its namespace is being deleted): its loop ends quietly."""
+
+
+@dataclass
+class JobLoop:
+    """The reconcile loop of one SPMDJob.
+
+    Attributes:
+        key: ``(namespace, name)``.
+        body: the newest version of the job known (from the watch, a resync or our own patch).
+        written: the status our last patch produced, until the watch delivers it.
+        rejection: the API server's refusal of a pod built from the template, for the next pass.
+        created: child name -> when this operator created it (monotonic), so a child the
+            informers have not shown yet is not POSTed again within CREATED_MEMORY_SECONDS.
+        foreign_reported: names of a namesake's children already reported in an Event.
+    """
+
+    key: JobKey
+    body: dict[str, Any]
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    written: dict[str, Any] | None = None
+    rejection: str | None = None
+    created: dict[str, float] = field(default_factory=dict)
+    foreign_reported: set[str] = field(default_factory=set)
+
+    @property
+    def uid(self) -> str:
+        return str((self.body.get("metadata") or {}).get("uid", ""))
+
+    def accept(self, body: Mapping[str, Any]) -> None:
+        """Takes ``body`` from the job watch unless it predates the status this loop wrote."""
+        if self.written is not None:
+            if (body.get("status") or {}) != self.written:
+                return
+            self.written = None
+        self.body = copy.deepcopy(dict(body))
+
+    def wrote(self, body: Mapping[str, Any]) -> None:
+        """Takes the object our own status patch returned."""
+        self.body = copy.deepcopy(dict(body))
+        self.written = copy.deepcopy(dict(body.get("status") or {}))
+
+    def resynced(self, body: Mapping[str, Any]) -> None:
+        """Takes the object just read from the server: authoritative."""
+        self.body = copy.deepcopy(dict(body))
+        self.written = None
+
+
+class Controller:
+    """Owns the per-job loops and carries out the lifecycle's plans.
+
+    Args:
+        api: the API client.
+        worker_files: the payload's files for the ConfigMaps (see :func:`builders.worker_files`).
+        namespaces: the namespaces watched (None: all).
+        resync_seconds: how often each job re-reads itself and its children from the server.
+    """
+
+    def __init__(self, api: kube.Kube, worker_files: Mapping[str, str], *,
+                 namespaces: Iterable[str] | None = None,
+                 resync_seconds: float = DEFAULT_RESYNC_SECONDS) -> None:
+        self.api = api
+        self.worker_files = dict(worker_files)
+        self.payload_hash = builders.payload_hash(self.worker_files)
+        self.resync_seconds = resync_seconds
+        self.jobs: dict[JobKey, JobLoop] = {}
+        self.active = False
+        self.instance = os.environ.get("POD_NAME") or socket.gethostname()
+        ns = list(namespaces) if namespaces else None
+        self.pods: informer.Informer[lifecycle.PodInfo] = informer.Informer(
+            api, kube.pods_url, lifecycle.pod_info, namespaces=ns, on_change=self._wake_all, name="pods")
+        self.services: informer.Informer[lifecycle.ChildInfo] = informer.Informer(
+            api, kube.services_url, lifecycle.child_info, namespaces=ns, on_change=self._wake_all, name="services")
+        self.configmaps: informer.Informer[lifecycle.ChildInfo] = informer.Informer(
+            api, kube.configmaps_url, lifecycle.child_info, namespaces=ns, on_change=self._wake_all, name="configmaps")
+        self.informers = (self.pods, self.services, self.configmaps)
+
+    # --- start and stop ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Starts the informers and waits for their first lists; then the loops may run."""
+        for inf in self.informers:
+            inf.start()
+        await asyncio.gather(*(inf.ready.wait() for inf in self.informers))
+        self.activate()
+
+    def activate(self) -> None:
+        """Starts a loop for every known job (this replica may write)."""
+        self.active = True
+        for loop in self.jobs.values():
+            self._start_loop(loop)
+
+    async def deactivate(self) -> None:
+        """Stops every loop at once (this replica must not write any more); jobs stay known."""
+        self.active = False
+        tasks = [loop.task for loop in self.jobs.values() if loop.task is not None]
+        for loop in self.jobs.values():
+            loop.task = None
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def stop(self) -> None:
+        """Stops every loop and informer (operator shutdown)."""
+        await self.deactivate()
+        self.jobs.clear()
+        for inf in self.informers:
+            await inf.stop()
+
+    def _start_loop(self, loop: JobLoop) -> None:
+        if loop.task is None or loop.task.done():
+            loop.task = asyncio.create_task(self._run(loop), name=f"spmdjob {loop.key[0]}/{loop.key[1]}")
+        loop.wake.set()
+
+    # --- inputs -------------------------------------------------------------------------------
+
+    def observe_job(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """Records a job's watch event; starts, wakes or stops its loop."""
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if event_type == "DELETED" or meta.get("deletionTimestamp"):
+            self.forget(key)
+            return
+        loop = self.jobs.get(key)
+        if loop is None or loop.uid != meta.get("uid"):
+            self.forget(key)
+            loop = self.jobs[key] = JobLoop(key=key, body=copy.deepcopy(dict(body)))
+        else:
+            loop.accept(body)
+        if self.active:
+            self._start_loop(loop)
+
+    def _wake_all(self, keys: set[JobKey]) -> None:
+        for key in keys:
+            loop = self.jobs.get(key)
+            if loop is not None:
+                loop.wake.set()
+
+    def forget(self, key: JobKey) -> None:
+        """Stops and drops the loop of job ``key`` (deleted, or being deleted)."""
+        loop = self.jobs.pop(key, None)
+        if loop is not None and loop.task is not None:
+            loop.task.cancel()
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    async def _run(self, loop: JobLoop) -> None:
+        errors = 0
+        clock = asyncio.get_running_loop().time
+        next_resync = clock() + self.resync_seconds
+        while True:
+            loop.wake.clear()
+            started = clock()
+            try:
+                if started >= next_resync:
+                    await self.resync(loop)
+                    next_resync = clock() + self.resync_seconds
+                delay = await self.reconcile_once(loop)
+                errors = 0
+            except asyncio.CancelledError:
+                raise
+            except JobGone as e:
+                logger.info("SPMDJob %s/%s: %s; its loop ends", *loop.key, e)
+                if self.jobs.get(loop.key) is loop:
+                    del self.jobs[loop.key]
+                return
+            except Exception as e:  # one bad pass must not kill the loop: log, back off, retry
+                delay = ERROR_BACKOFF_SECONDS[min(errors, len(ERROR_BACKOFF_SECONDS) - 1)]
+                errors += 1
+                logger.warning("SPMDJob %s/%s: reconcile failed (%s); retrying in %ss", *loop.key, e, delay)
+                if errors == 1:
+                    await self._post_events(loop, [lifecycle.Event(
+                        lifecycle.EVENT_WARNING, "ReconcileError", f"{e}; retrying with back-off (see the operator's log)")])
+                next_resync = min(next_resync, clock() + delay)  # re-read the world before the retry
+            timeout = max(0.0, min(delay if delay is not None else self.resync_seconds, next_resync - clock()))
+            try:
+                await asyncio.wait_for(loop.wake.wait(), timeout=timeout)
+            except asyncio.TimeoutError:
+                pass
+            # Leading-edge coalescing: a wake-up after a quiet spell is served at once; a burst of
+            # events within COALESCE_SECONDS of the last pass becomes one more pass.
+            await asyncio.sleep(max(0.0, COALESCE_SECONDS - (clock() - started)))
+
+    async def resync(self, loop: JobLoop) -> None:
+        """Re-reads the job and its children from the server, replacing the cached view."""
+        namespace, name = loop.key
+        body = await self.api.get(kube.job_url(namespace, name))
+        if body is None or (body.get("metadata") or {}).get("uid") != loop.uid:
+            raise JobGone("it no longer exists on the server")
+        loop.resynced(body)
+        await asyncio.gather(*(inf.refresh(loop.key, loop.uid) for inf in self.informers))
+
+    def observed(self, loop: JobLoop, now: dt.datetime | None = None) -> lifecycle.Observed:
+        """What a pass of ``loop`` sees: its job and the children it owns."""
+        body = loop.body
+        meta = body.get("metadata") or {}
+        job = JobRef.from_body(body)
+        try:
+            spec: Any = parse_job_spec(body.get("spec") or {}, require_image=True)
+        except SpecError as e:
+            spec = e
+        maps = self.configmaps.get(job.key, job.uid)
+        current = [c for c in maps if c.name == names.configmap_name(job) and not c.deleting]
+        if not current:
+            configmap = lifecycle.CONFIGMAP_MISSING
+        elif current[0].payload_hash != self.payload_hash:
+            configmap = lifecycle.CONFIGMAP_STALE
+        else:
+            configmap = lifecycle.CONFIGMAP_CURRENT
+        return lifecycle.Observed(
+            job=job,
+            generation=meta.get("generation"),
+            spec=spec,
+            status=body.get("status") or {},
+            pods=tuple(self.pods.get(job.key, job.uid)),
+            gone=tuple(self.pods.gone(job.key, job.uid)),
+            services=tuple(self.services.get(job.key, job.uid)),
+            configmap=configmap,
+            rejection=loop.rejection,
+            now=now or dt.datetime.now(dt.timezone.utc),
+        )
+
+    async def reconcile_once(self, loop: JobLoop, now: dt.datetime | None = None) -> float | None:
+        """One pass over job ``loop``: observe, decide, then write.
+
+        Returns:
+            Seconds until a time-based transition (deadline, TTL, replacement timeout), or None.
+        """
+        if (loop.body.get("metadata") or {}).get("deletionTimestamp"):
+            raise JobGone("it is being deleted")
+        o = self.observed(loop, now)
+        if loop.created:  # what the watches show needs no memory of having been created
+            for child in (*o.pods, *o.services):
+                loop.created.pop(child.name, None)
+            if o.configmap != lifecycle.CONFIGMAP_MISSING:
+                loop.created.pop(names.configmap_name(o.job), None)
+        plan = lifecycle.reconcile(o)
+        if plan.pods_lost and plan.status and await self._namespace_terminating(o.job.namespace):
+            raise JobGone(f"namespace {o.job.namespace} is being deleted")
+        await self._carry_out(loop, o, plan)
+        return plan.requeue_after
+
+    async def _namespace_terminating(self, namespace: str) -> bool:
+        body = await self.api.get(kube.namespace_url(namespace))
+        return body is None or bool((body.get("metadata") or {}).get("deletionTimestamp"))
+
+    async def _carry_out(self, loop: JobLoop, o: lifecycle.Observed, plan: lifecycle.Plan) -> None:
+        job = o.job
+        ns = job.namespace
+        if plan.status:
+            try:
+                patched = await self.api.patch(kube.job_url(ns, job.name, "status"), {"status": plan.status})
+            except kube.KubeError as e:
+                if e.status == 404:
+                    raise JobGone("it no longer exists on the server") from e
+                raise
+            loop.wrote(patched)
+        if plan.delete_job:
+            await self._post_events(loop, plan.events)
+            await self.api.delete(kube.job_url(ns, job.name), uid=job.uid)
+            raise JobGone("its ttlSecondsAfterFinished passed; deleted")
+        for name in (*plan.delete_pods, *plan.delete_services):
+            loop.created.pop(name, None)
+        pods = {p.name: p for p in o.pods}
+        await self._all([
+            *(self.api.delete(kube.pods_url(ns, name)) for name in plan.delete_pods if name in pods),
+            *(self.api.delete(kube.services_url(ns, name)) for name in plan.delete_services),
+        ])
+        spec = o.spec
+        if isinstance(spec, SpecError):
+            await self._post_events(loop, plan.events)
+            return
+        self._forget_old_creations(loop)
+        writes: list[Awaitable[Any]] = []
+        if plan.configmap:
+            writes.append(self._ensure_configmap(loop, job, stale=o.configmap == lifecycle.CONFIGMAP_STALE))
+        if plan.service is not None:
+            writes.append(self._ensure(loop, kube.services_url(ns), builders.build_service(job, spec, plan.service), job))
+        await self._all(writes)
+        rejected = await self._create_pods(loop, job, spec, plan) if plan.create else None
+        if rejected is not None:
+            # Refused by the API server: the next pass turns it into InvalidSpec (one status
+            # patch, Events in the order things happened); this pass's Events are not posted.
+            loop.rejection = rejected
+            loop.wake.set()
+            return
+        await self._post_events(loop, plan.events)
+
+    def _forget_old_creations(self, loop: JobLoop) -> None:
+        clock = asyncio.get_running_loop().time()
+        loop.created = {n: t for n, t in loop.created.items() if clock - t < CREATED_MEMORY_SECONDS}
+
+    async def _ensure_configmap(self, loop: JobLoop, job: JobRef, *, stale: bool) -> None:
+        """Creates the payload ConfigMap, or rewrites one of an older payload."""
+        configmap = builders.build_worker_configmap(job, self.worker_files)
+        name = configmap["metadata"]["name"]
+        if not stale:
+            if name in loop.created:
+                return
+            if await self._ensure(loop, kube.configmaps_url(job.namespace), configmap, job):
+                return
+        await self.api.patch(kube.configmaps_url(job.namespace, name),
+                             {"metadata": {"annotations": configmap["metadata"]["annotations"]}, "data": configmap["data"]})
+
+    async def _ensure(self, loop: JobLoop, collection: str, body: dict[str, Any], job: JobRef) -> bool:
+        """Creates a child unless this loop just did; True if it was created now.
+
+        If its name is taken, checks the holder is ours (an earlier pass) and not a stranger's.
+        """
+        name = body["metadata"]["name"]
+        if name in loop.created:
+            return False
+        created = await self.api.create(collection, body) is not None
+        if not created:
+            existing = await self.api.get(f"{collection}/{name}")
+            if existing is not None and names.owner_uid(existing) != job.uid:
+                raise kube.KubeError(409, f"{body['kind']} {name} exists and belongs to another object; "
+                                     "delete it so the job can create its own", path=collection)
+        loop.created[name] = asyncio.get_running_loop().time()
+        return created
+
+    async def _create_pods(self, loop: JobLoop, job: JobRef, spec: Any, plan: lifecycle.Plan) -> str | None:
+        """Creates the plan's pods concurrently.
+
+        Returns:
+            The API server's message if it rejected a pod as invalid (400/422), else None.
+        """
+        ns = job.namespace
+        clock = asyncio.get_running_loop().time()
+        ranks = [r for r in plan.create if names.pod_name(job, plan.restart, r) not in loop.created]
+        pods = [builders.build_pod(job, spec, rank, plan.restart) for rank in ranks]
+        results = await asyncio.gather(*(self.api.create(kube.pods_url(ns), pod) for pod in pods),
+                                       return_exceptions=True)
+        taken: list[str] = []
+        for pod, result in zip(pods, results):
+            name = pod["metadata"]["name"]
+            if isinstance(result, kube.KubeError) and result.status in (400, 422):
+                return f"the API server rejected pod {name}: {result.message}"
+            if result is None:
+                taken.append(name)
+            if not isinstance(result, BaseException):
+                loop.created[name] = clock
+        if taken:
+            await self._check_taken(loop, job, taken)
+        self._raise_first(results)
+        return None
+
+    async def _check_taken(self, loop: JobLoop, job: JobRef, taken: list[str]) -> None:
+        """Pods whose names were taken: ours (created by an earlier pass) or, rarely, a stranger's."""
+        existing = await asyncio.gather(*(self.api.get(kube.pods_url(job.namespace, n)) for n in taken))
+        strangers = [n for n, body in zip(taken, existing) if body is not None and names.owner_uid(body) != job.uid]
+        new = [n for n in strangers if n not in loop.foreign_reported]
+        if new:
+            loop.foreign_reported.update(new)
+            await self._post_events(loop, [lifecycle.Event(
+                lifecycle.EVENT_WARNING, "NameTaken",
+                f"{len(new)} pod name(s) are held by objects this job does not own (e.g. {new[0]}); "
+                "they are not counted; the job waits until they are gone")])
+        for n in strangers:
+            loop.created.pop(n, None)
+
+    async def _all(self, writes: Iterable[Awaitable[Any]]) -> None:
+        """Runs writes concurrently; logs every failure and raises the first."""
+        results = await asyncio.gather(*writes, return_exceptions=True)
+        self._raise_first(results)
+
+    @staticmethod
+    def _raise_first(results: Iterable[Any]) -> None:
+        errors = [r for r in results if isinstance(r, BaseException)]
+        for e in errors[1:]:
+            logger.warning("a concurrent write also failed: %s", e)
+        if errors:
+            if isinstance(errors[0], kube.KubeError) and errors[0].namespace_terminating:
+                raise JobGone("its namespace is being deleted") from errors[0]
+            raise errors[0]
+
+    async def _post_events(self, loop: JobLoop, events: Iterable[lifecycle.Event]) -> None:
+        """Posts Events on the job (failures are logged, never raised: Events are best effort)."""
+        events = list(events)
+        if not events:
+            return
+        meta = loop.body.get("metadata") or {}
+        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        bodies = [{
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name')}.", "namespace": meta.get("namespace")},
+            "involvedObject": {"apiVersion": names.API_VERSION, "kind": names.KIND, "name": meta.get("name"),
+                               "namespace": meta.get("namespace"), "uid": meta.get("uid"),
+                               "resourceVersion": meta.get("resourceVersion")},
+            "type": e.type,
+            "reason": e.reason,
+            "message": e.message[:EVENT_MESSAGE_CHARS],
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.instance,
+            "firstTimestamp": now[:19] + "Z",
+            "lastTimestamp": now[:19] + "Z",
+            "eventTime": now,
+            "action": e.reason,
+            "count": 1,
+        } for e in events]
+        results = await asyncio.gather(*(self.api.create(kube.events_url(meta.get("namespace", "")), b) for b in bodies),
+                                       return_exceptions=True)
+        for e in results:
+            if isinstance(e, BaseException):
+                logger.warning("SPMDJob %s/%s: could not post an Event: %s", *loop.key, e)

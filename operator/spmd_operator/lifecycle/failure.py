@@ -1,0 +1,133 @@
+"""Failures of the current attempt: find the root cause, then restart the gang or fail the job.
+
+A failure is a pod of the current attempt in phase Failed, a pod stuck on an image that can never
+be pulled, a pod being deleted (evicted, drained, ``kubectl delete``) before it finished, or,
+once the job is Running, a pod gone missing. Which one is the root cause: a permanent failure if
+there is one, else a disruption (the cluster took a pod away; the other ranks' errors are its
+consequence), else the rank whose trainer terminated first. Whether it is permanent is
+:func:`monarch_spmd.policy.is_permanent`, the rule the local runner applies too.
+
+On a retryable failure the whole gang is replaced (every pod deleted, the next attempt created
+by :mod:`.gang`), unless ``maxRestarts`` is used up. Disruptions (preemption, eviction, node
+drain or loss: the pod condition DisruptionTarget) restart the gang without using up
+``maxRestarts``; ``status.disruptions`` counts them, ``status.restarts`` counts every attempt.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+from monarch_spmd import policy
+
+from .. import names
+from . import gang
+from .model import FAILED, PENDING, REASON_POD_DELETED, REASON_POD_MISSING, RUNNING, SUCCEEDED, format_time
+from .status import Pass, tail
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed rank of the current attempt."""
+
+    rank: int
+    pod: str
+    node: str | None
+    exit_code: int | None
+    reason: str
+    message: str | None
+    permanent: bool
+    disruption: bool
+    lost: bool
+    order: tuple[int, str, int]
+
+    def describe(self) -> str:
+        what = f"exited {self.exit_code}" if self.exit_code is not None else "was lost"
+        where = f" on node {self.node}" if self.node else ""
+        text = f"rank {self.rank} (pod {self.pod}{where}) {what}: {self.reason}"
+        if self.message and self.message.strip():
+            text += f": {self.message.strip().splitlines()[-1][:300]}"
+        return text
+
+    def as_status(self, restart: int, now: dt.datetime) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "rank": self.rank,
+            "pod": self.pod,
+            "reason": self.reason,
+            "restart": restart,
+            "permanent": self.permanent,
+            "disruption": self.disruption,
+            "time": format_time(now),
+        }
+        if self.node:
+            out["node"] = self.node
+        if self.exit_code is not None:
+            out["exitCode"] = self.exit_code
+        message = tail(self.message)
+        if message:
+            out["message"] = message
+        return out
+
+
+def failures(p: Pass) -> list[Failure]:
+    """The failed ranks of the current attempt, root cause first."""
+    out: list[Failure] = []
+    spec = p.spec
+    current = p.current()
+    for rank, pod in current.items():
+        fatal_wait = pod.phase == PENDING and pod.reason in policy.FATAL_REASONS
+        if pod.phase == FAILED or fatal_wait:
+            reason = pod.reason or ("Error" if pod.exit_code else "Failed")
+            out.append(Failure(rank, pod.name, pod.node, pod.exit_code, reason, pod.message,
+                               policy.is_permanent(spec, pod.exit_code, reason), pod.disrupted, False,
+                               (0, pod.finished_at or "~", rank)))
+        elif pod.deleting and pod.phase != SUCCEEDED:
+            reason = pod.reason if pod.disrupted and pod.reason else REASON_POD_DELETED
+            message = pod.message if pod.disrupted else (
+                "the pod was deleted (evicted, drained or deleted by hand) before it finished")
+            out.append(Failure(rank, pod.name, pod.node, None, reason, message,
+                               policy.is_permanent(spec, None, reason), pod.disrupted, True, (1, "~", rank)))
+    if p.phase == RUNNING:
+        last = {pod.rank: pod for pod in p.o.gone if pod.restart == p.restart}
+        for rank in range(p.pods_per_attempt):
+            if rank in current:
+                continue
+            was = last.get(rank)
+            if was is not None and was.disrupted and was.reason:
+                # The watch saw why it went: e.g. removed with its node (DeletionByPodGC).
+                out.append(Failure(rank, was.name, was.node, was.exit_code, was.reason, was.message,
+                                   policy.is_permanent(spec, was.exit_code, was.reason), True, True, (2, "~", rank)))
+                continue
+            out.append(Failure(rank, names.pod_name(p.o.job, p.restart, rank), was.node if was else None, None,
+                               REASON_POD_MISSING, "the pod disappeared while the job was running",
+                               policy.is_permanent(spec, None, REASON_POD_MISSING), False, True, (2, "~", rank)))
+    # Root cause first: a permanent failure, else a disruption, else the earliest.
+    return sorted(out, key=lambda f: (not f.permanent, not f.disruption, f.order))
+
+
+def handle(p: Pass) -> bool:
+    """Acts on failures of the current attempt (restart or fail); True if there were any."""
+    found = failures(p)
+    if not found:
+        return False
+    root = found[0]
+    p.new["failure"] = root.as_status(p.restart, p.now)
+    p.pods_lost = root.lost
+    cause = root.describe()
+    disruptions = int(p.o.status.get("disruptions") or 0)
+    counted = p.restart - disruptions
+    if root.permanent:
+        p.fail("PermanentFailure", f"{cause}; permanent, no restart")
+        p.counts(p.current())
+    elif not root.disruption and counted >= p.spec.max_restarts:
+        p.fail("RestartLimitExceeded", f"{cause}; restart limit {p.spec.max_restarts} reached")
+        p.counts(p.current())
+    else:
+        if root.disruption:
+            p.new["disruptions"] = disruptions + 1
+            why = f"{cause}; a disruption, not counted against maxRestarts"
+        else:
+            why = f"{cause}; restart {counted + 1} of at most {p.spec.max_restarts}"
+        gang.replace(p, p.restart + 1, why)
+    return True

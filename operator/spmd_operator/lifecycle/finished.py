@@ -1,0 +1,29 @@
+"""Finished jobs, and ttlSecondsAfterFinished.
+
+A Succeeded or Failed job keeps the pods that finished (for their logs), stops any that still
+run, drops its master Services, and is deleted (its children with it, by garbage collection)
+``ttlSecondsAfterFinished`` after ``status.completionTime``.
+"""
+
+from __future__ import annotations
+
+from .model import TERMINAL, parse_time
+from .status import Pass
+
+
+def handle(p: Pass) -> bool:
+    """Handles a job that already finished; True if it has."""
+    if p.phase not in TERMINAL:
+        return False
+    p.stop(p.o.pods)
+    p.delete_services.extend(s.name for s in p.o.services if not s.deleting)
+    p.counts(p.current())
+    ttl = p.spec.ttl_seconds_after_finished
+    done = parse_time(p.o.status.get("completionTime"))
+    if ttl is not None and done is not None:
+        left = (done - p.now).total_seconds() + ttl
+        if left <= 0:
+            p.delete_job = True
+        else:
+            p.requeue.append(left)
+    return True

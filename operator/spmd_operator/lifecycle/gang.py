@@ -1,0 +1,108 @@
+"""The gang: create the first attempt, replace it after a failure, and report it Running.
+
+Creating: a new job creates every pod of attempt 0 and goes Pending. A pod of a starting gang
+that goes missing is created again; once the job is Running a missing pod is a failure
+(:mod:`.failure`). The job is Running when every pod of the current attempt runs (or already
+succeeded); until then the Running condition says how many run and why the others wait (the
+scheduler's message, an image that cannot be pulled).
+
+Replacing (``spec.restartPolicy.podReplacementPolicy``): every pod of the failed attempt is
+deleted at once. With ``Failed`` (the default) the next attempt's pods are created only once no
+pod of an older attempt is left running or terminating, as torchrun stops its whole local group
+before starting the next one: two gangs never run at once (no race on a checkpoint, and the GPUs
+are free again). If old pods are still there after ``replacementTimeoutSeconds`` (a node that
+stopped answering keeps its pods terminating), the attempt is created anyway and a Warning Event
+says so. With ``TerminatingOrFailed`` the next attempt is created at once.
+"""
+
+from __future__ import annotations
+
+from .. import names
+from .model import (
+    EVENT_NORMAL,
+    EVENT_WARNING,
+    PENDING,
+    RESTARTING,
+    RUNNING,
+    SUCCEEDED,
+    format_time,
+    parse_time,
+)
+from .status import Pass
+
+WAIT_FOR_TERMINATION: str = "Failed"
+REPLACE_AT_ONCE: str = "TerminatingOrFailed"
+
+
+def start(p: Pass) -> None:
+    """A new job: phase Pending, and every pod of the first attempt."""
+    procs = p.pods_per_attempt
+    p.new.update(phase=PENDING, startTime=format_time(p.now))
+    p.condition("Created", "True", "PodsCreated", f"created {procs} pods for mesh {p.new['mesh']}")
+    p.event(EVENT_NORMAL, "Created", f"creating {procs} pods for mesh {p.new['mesh']}")
+    current = p.current()
+    p.create_pods((r for r in range(procs) if r not in current), p.restart)
+    p.counts(current)
+
+
+def replace(p: Pass, nxt: int, why: str) -> None:
+    """Replaces the whole gang by attempt ``nxt`` after a retryable failure."""
+    p.new.update(phase=RESTARTING, restarts=nxt)
+    p.new["masterAddr"] = names.master_addr(p.o.job, nxt)
+    message = f"{why}; replacing the whole gang (attempt {nxt})"
+    p.condition(RESTARTING, "True", "GangRestart", message)
+    p.clear(RUNNING, "GangRestart", "the gang is being replaced")
+    p.event(EVENT_WARNING, "Restarting", message)
+    p.delete_pods.extend(pod.name for pod in p.o.pods if not pod.deleting)
+    p.counts({})
+    if p.spec.pod_replacement_policy == REPLACE_AT_ONCE:
+        p.create_pods(range(p.pods_per_attempt), nxt)
+
+
+def _old_pods_block(p: Pass) -> bool:
+    """Whether the next attempt must still wait for pods of older attempts to go away."""
+    blocking = [pod for pod in p.stale() if pod.phase not in (SUCCEEDED, "Failed")]
+    if not blocking or p.spec.pod_replacement_policy == REPLACE_AT_ONCE:
+        return False
+    since = parse_time((p.o.status.get("failure") or {}).get("time")) or p.now
+    limit = p.spec.replacement_timeout_seconds
+    waited = (p.now - since).total_seconds()
+    if waited < limit:
+        p.condition(RESTARTING, "True", "WaitingForOldPods",
+                    f"waiting for {len(blocking)} pods of the previous attempt to terminate before creating "
+                    f"attempt {p.restart} ({int(waited)}s of at most {limit}s; restartPolicy.podReplacementPolicy)")
+        p.requeue.append(limit - waited)
+        return True
+    if not p.current():
+        p.event(EVENT_WARNING, "ReplacementTimeout",
+                f"{len(blocking)} pods of the previous attempt still terminating after {limit}s "
+                f"(e.g. {blocking[0].name}); creating attempt {p.restart} anyway")
+    return False
+
+
+def progress(p: Pass) -> None:
+    """Deletes stale pods, creates what the starting gang misses, and reports Running."""
+    current = p.current()
+    procs = p.pods_per_attempt
+    p.delete_pods.extend(pod.name for pod in p.stale() if not pod.deleting)
+    if p.phase != RUNNING:
+        missing = [r for r in range(procs) if r not in current]
+        if missing and not (p.phase == RESTARTING and _old_pods_block(p)):
+            p.create_pods(missing, p.restart)
+    started = len(current) == procs and all(pod.phase in (RUNNING, SUCCEEDED) for pod in current.values())
+    if started:
+        if p.phase != RUNNING:
+            p.new["phase"] = RUNNING
+            p.condition(RUNNING, "True", "AllProcsRunning", f"all {procs} procs are running (attempt {p.restart})")
+            p.clear(RESTARTING, "AllProcsRunning", f"attempt {p.restart} is running")
+            p.event(EVENT_NORMAL, "Running", f"all {procs} procs are running (attempt {p.restart})")
+    elif current:
+        running = sum(1 for pod in current.values() if pod.phase == RUNNING)
+        waiting = sorted((pod.rank, pod.reason, pod.unschedulable) for pod in current.values()
+                         if pod.phase == PENDING and (pod.reason or pod.unschedulable))
+        message = f"{running}/{procs} procs running"
+        if waiting:
+            message += "; waiting: " + ", ".join(
+                f"rank {r} {why or 'Unschedulable'}" + (f" ({sched})" if sched else "") for r, why, sched in waiting[:5])
+        p.condition(RUNNING, "False", "WaitingForProcs", message)
+    p.counts(current)

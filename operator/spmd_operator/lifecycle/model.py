@@ -1,0 +1,263 @@
+"""What the lifecycle policies read and what they decide: observed state in, a plan out.
+
+Where it sits: the bottom of :mod:`spmd_operator.lifecycle`, above :mod:`spmd_operator.names`
+and :mod:`monarch_spmd.spec`. Plain frozen dataclasses and two functions that summarize API
+objects (:func:`pod_info`, :func:`child_info`); nothing here talks to Kubernetes or reads a clock.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from monarch_spmd.spec import JobSpec, SpecError
+
+from .. import names
+
+PENDING: Final = "Pending"
+RUNNING: Final = "Running"
+RESTARTING: Final = "Restarting"
+SUCCEEDED: Final = "Succeeded"
+FAILED: Final = "Failed"
+SUSPENDED: Final = "Suspended"
+PHASES: Final = (PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED)
+TERMINAL: Final = frozenset({SUCCEEDED, FAILED})
+
+#: Condition types, in the order they are listed.
+CONDITION_TYPES: Final = ("Created", RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED)
+
+#: Reasons set by the lifecycle itself for a pod lost from under the job (always retryable).
+REASON_POD_DELETED: Final = "PodDeleted"
+REASON_POD_MISSING: Final = "PodMissing"
+
+EVENT_NORMAL: Final = "Normal"
+EVENT_WARNING: Final = "Warning"
+
+#: What :attr:`Observed.configmap` may say about the job's ConfigMap.
+CONFIGMAP_MISSING: Final = "missing"
+CONFIGMAP_STALE: Final = "stale"
+CONFIGMAP_CURRENT: Final = "current"
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """What the lifecycle needs to know about one pod of a job (see :func:`pod_info`).
+
+    Attributes:
+        name: the pod's name.
+        rank: its (first) global rank (label ``spmd.monarch.dev/rank``).
+        restart: its gang attempt (label ``spmd.monarch.dev/restart``).
+        phase: the pod phase: Pending, Running, Succeeded, Failed or Unknown.
+        exit_code: the trainer container's exit code once it terminated.
+        reason: the disruption reason if the cluster took the pod away, else the pod's reason
+            (e.g. Evicted), else the container's terminated or waiting reason.
+        message: the disruption's message, the termination message (the end of the log on
+            failure), the pod's message or the waiting message, in that order.
+        node: the node it was scheduled on.
+        deleting: a deletion is under way (deletionTimestamp set).
+        finished_at: when the trainer container terminated (RFC 3339), to order failures.
+        disrupted: the pod carries the condition DisruptionTarget (preempted, evicted, its node
+            drained or lost): a failure the cluster caused, which does not use up maxRestarts.
+        unschedulable: the scheduler's message while the pod cannot be placed.
+    """
+
+    name: str
+    rank: int
+    restart: int
+    phase: str = PENDING
+    exit_code: int | None = None
+    reason: str | None = None
+    message: str | None = None
+    node: str | None = None
+    deleting: bool = False
+    finished_at: str | None = None
+    disrupted: bool = False
+    unschedulable: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the pod reached Succeeded or Failed."""
+        return self.phase in (SUCCEEDED, FAILED)
+
+
+def _trainer_status(status: Mapping[str, Any]) -> Mapping[str, Any]:
+    for cs in status.get("containerStatuses") or []:
+        if cs.get("name") == names.CONTAINER_NAME:
+            return cs
+    return {}
+
+
+def _condition(status: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
+    for c in status.get("conditions") or []:
+        if c.get("type") == type_:
+            return c
+    return {}
+
+
+def pod_info(body: Mapping[str, Any]) -> PodInfo | None:
+    """Summarizes a pod object (as the API server returns it) for the lifecycle.
+
+    Returns None for a pod whose rank or restart label is missing or not a number (not ours).
+    """
+    meta = body.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    try:
+        rank = int(labels[names.LABEL_RANK])
+        restart = int(labels[names.LABEL_RESTART])
+    except (KeyError, TypeError, ValueError):
+        return None
+    status = body.get("status") or {}
+    cs = _trainer_status(status)
+    state = cs.get("state") or {}
+    terminated = state.get("terminated") or {}
+    waiting = state.get("waiting") or {}
+    disruption = _condition(status, "DisruptionTarget")
+    disrupted = disruption.get("status") == "True"
+    scheduled = _condition(status, "PodScheduled")
+    unschedulable = scheduled.get("message") if scheduled.get("status") == "False" else None
+    exit_code = terminated.get("exitCode")
+    if disrupted:
+        reason = disruption.get("reason") or status.get("reason") or "Disrupted"
+        message = disruption.get("message") or status.get("message")
+    else:
+        reason = status.get("reason") or terminated.get("reason") or waiting.get("reason")
+        message = terminated.get("message") or status.get("message") or waiting.get("message")
+    return PodInfo(
+        name=str(meta.get("name", "")),
+        rank=rank,
+        restart=restart,
+        phase=status.get("phase") or PENDING,
+        exit_code=exit_code if isinstance(exit_code, int) else None,
+        reason=reason,
+        message=message,
+        node=(body.get("spec") or {}).get("nodeName"),
+        deleting=bool(meta.get("deletionTimestamp")),
+        finished_at=terminated.get("finishedAt"),
+        disrupted=disrupted,
+        unschedulable=unschedulable,
+    )
+
+
+@dataclass(frozen=True)
+class ChildInfo:
+    """A Service or ConfigMap of a job, as the controller's caches keep it.
+
+    Attributes:
+        name: the object's name.
+        restart: its attempt label, if any (the per-attempt master Services carry one).
+        payload_hash: the ConfigMap's payload-hash annotation, if any.
+        deleting: a deletion is under way.
+    """
+
+    name: str
+    restart: int | None = None
+    payload_hash: str | None = None
+    deleting: bool = False
+
+
+def child_info(body: Mapping[str, Any]) -> ChildInfo:
+    """Summarizes a Service or ConfigMap for the lifecycle."""
+    meta = body.get("metadata") or {}
+    try:
+        restart: int | None = int((meta.get("labels") or {})[names.LABEL_RESTART])
+    except (KeyError, TypeError, ValueError):
+        restart = None
+    return ChildInfo(
+        name=str(meta.get("name", "")),
+        restart=restart,
+        payload_hash=(meta.get("annotations") or {}).get(names.PAYLOAD_HASH_ANNOTATION),
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything one reconcile pass reads.
+
+    Attributes:
+        job: the job's identity.
+        generation: ``metadata.generation``.
+        spec: the parsed spec, or the :class:`SpecError` that parsing it raised.
+        status: the job's current ``status`` (empty for a new job).
+        pods: every pod the job owns (controller owner reference = its uid), any attempt.
+        gone: the last states of pods of the job deleted recently (from the watch's DELETED
+            events): why a pod that went missing is gone, when the cluster said so.
+        services: the job's Services that exist.
+        configmap: whether the payload ConfigMap is missing, stale or current.
+        rejection: the API server's message when it refused a pod built from the template in
+            the previous pass (what neither the CRD nor the parser can check), else None.
+        now: the current time (timezone-aware).
+    """
+
+    job: names.JobRef
+    generation: int | None
+    spec: JobSpec | SpecError
+    status: Mapping[str, Any]
+    pods: tuple[PodInfo, ...] = ()
+    gone: tuple[PodInfo, ...] = ()
+    services: tuple[ChildInfo, ...] = ()
+    configmap: str = CONFIGMAP_CURRENT
+    rejection: str | None = None
+    now: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc))
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to post on the job."""
+
+    type: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one reconcile pass decided; the controller carries it out in this order.
+
+    Attributes:
+        status: a JSON merge patch for ``status`` (only what changed; None removes a key), empty
+            when nothing changed. Written first, in one patch, so a crash later in the pass
+            repeats the same decisions.
+        delete_pods: names of pods to delete (a 404 is success).
+        delete_services: names of Services to delete (those of attempts other than the current).
+        configmap: create the payload ConfigMap, or bring it up to date.
+        service: the attempt whose master Service must be created (it is missing), or None.
+        create: indices of the pods to create in attempt ``restart`` (a 409 is checked).
+        restart: the attempt new pods belong to.
+        events: Events to post on the job, one per transition.
+        delete_job: the job's ttlSecondsAfterFinished has passed: delete the job itself.
+        requeue_after: seconds until a time-based transition (deadline, TTL, replacement
+            timeout), or None.
+        pods_lost: the pass's decision follows from pods deleted or missing; the controller
+            checks the namespace is not being deleted before it writes anything.
+    """
+
+    status: dict[str, Any] = field(default_factory=dict)
+    delete_pods: tuple[str, ...] = ()
+    delete_services: tuple[str, ...] = ()
+    configmap: bool = False
+    service: int | None = None
+    create: tuple[int, ...] = ()
+    restart: int = 0
+    events: tuple[Event, ...] = ()
+    delete_job: bool = False
+    requeue_after: float | None = None
+    pods_lost: bool = False
+
+
+def format_time(t: dt.datetime) -> str:
+    """RFC 3339 in UTC with second precision, as Kubernetes writes times."""
+    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: object) -> dt.datetime | None:
+    """Parses a Kubernetes time; None for a missing or malformed one."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)

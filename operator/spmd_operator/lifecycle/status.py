@@ -1,0 +1,215 @@
+"""The status side of a pass: conditions, the merge patch, and the accumulator the policies share.
+
+Where it sits: above :mod:`.model`, below every policy module. A :class:`Pass` starts from the
+observed status and collects what the policies decide (status fields, conditions, pod and child
+writes, Events, timers); :meth:`Pass.plan` turns it into one :class:`~.model.Plan`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from monarch_spmd.payload import contract
+from monarch_spmd.spec import JobSpec
+
+from .. import names
+from .model import (
+    CONDITION_TYPES,
+    EVENT_WARNING,
+    FAILED,
+    RESTARTING,
+    RUNNING,
+    Event,
+    Observed,
+    Plan,
+    PodInfo,
+    format_time,
+)
+
+#: How much of a failure's message is kept in status.failure.message.
+MESSAGE_LINES = 20
+MESSAGE_CHARS = 2048
+
+
+def set_condition(
+    conditions: list[dict[str, Any]],
+    type_: str,
+    status: str,
+    reason: str,
+    message: str,
+    now: dt.datetime,
+    generation: int | None = None,
+) -> list[dict[str, Any]]:
+    """Returns ``conditions`` with condition ``type_`` set; lastTransitionTime moves only when the status does."""
+    out = [dict(c) for c in conditions]
+    for c in out:
+        if c.get("type") == type_:
+            if c.get("status") != status:
+                c["lastTransitionTime"] = format_time(now)
+            c.update(status=status, reason=reason, message=message)
+            if generation is not None:
+                c["observedGeneration"] = generation
+            break
+    else:
+        c = {"type": type_, "status": status, "reason": reason, "message": message, "lastTransitionTime": format_time(now)}
+        if generation is not None:
+            c["observedGeneration"] = generation
+        out.append(c)
+    order = {t: i for i, t in enumerate(CONDITION_TYPES)}
+    return sorted(out, key=lambda c: order.get(c.get("type", ""), len(order)))
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns ``old`` into ``new``; empty when equal."""
+    patch: dict[str, Any] = {}
+    for key in old:
+        if key not in new:
+            patch[key] = None
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            sub = merge_patch(before, value)
+            if sub:
+                patch[key] = sub
+        elif before != value or key not in old:
+            patch[key] = value
+    return patch
+
+
+def tail(message: str | None) -> str | None:
+    """The last MESSAGE_LINES lines (at most MESSAGE_CHARS characters) of a message."""
+    if not message:
+        return None
+    text = "\n".join(message.rstrip().splitlines()[-MESSAGE_LINES:])
+    return text[-MESSAGE_CHARS:]
+
+
+class Pass:
+    """One reconcile pass: the observed state, and what the policies decided so far.
+
+    Attributes:
+        o: what the pass observed.
+        spec: the parsed spec (only valid once admission passed).
+        phase: the phase the pass started in (None for a new job).
+        restart: the current attempt (``status.restarts``).
+        new: the desired status, edited by the policies.
+    """
+
+    def __init__(self, o: Observed) -> None:
+        self.o = o
+        self.now = o.now
+        self.old: dict[str, Any] = dict(o.status)
+        self.new: dict[str, Any] = dict(o.status)
+        self.phase: str | None = o.status.get("phase")
+        self.restart = int(o.status.get("restarts") or 0)
+        self.spec: JobSpec = o.spec  # type: ignore[assignment]  # checked by admission first
+        self.events: list[Event] = []
+        self.delete_pods: list[str] = []
+        self.delete_services: list[str] = []
+        self.configmap = False
+        self.service: int | None = None
+        self.create: list[int] = []
+        self.create_restart: int | None = None
+        self.delete_job = False
+        self.requeue: list[float] = []
+        self.pods_lost = False
+
+    # --- views of the observed pods --------------------------------------------------------
+
+    @property
+    def pods_per_attempt(self) -> int:
+        """How many pods one attempt has."""
+        return self.spec.world_size
+
+    def current(self) -> dict[int, PodInfo]:
+        """The pods of the current attempt, by rank."""
+        n = self.pods_per_attempt
+        return {p.rank: p for p in self.o.pods if p.restart == self.restart and 0 <= p.rank < n}
+
+    def stale(self) -> list[PodInfo]:
+        """Pods of other attempts (older ones, or ranks outside the mesh)."""
+        current = {p.name for p in self.current().values()}
+        return [p for p in self.o.pods if p.name not in current]
+
+    # --- decisions ------------------------------------------------------------------------
+
+    @property
+    def conditions(self) -> list[dict[str, Any]]:
+        return list(self.new.get("conditions") or [])
+
+    def condition(self, type_: str, status: str, reason: str, message: str) -> None:
+        self.new["conditions"] = set_condition(self.conditions, type_, status, reason, message, self.now, self.o.generation)
+
+    def clear(self, type_: str, reason: str, message: str) -> None:
+        """Sets ``type_`` to False, but only if it is present (absent means never true)."""
+        if any(c.get("type") == type_ for c in self.conditions):
+            self.condition(type_, "False", reason, message)
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.events.append(Event(type_, reason, message))
+
+    def stop(self, pods: Iterable[PodInfo]) -> None:
+        """Deletes the given pods unless they finished or are being deleted already."""
+        self.delete_pods.extend(p.name for p in pods if not p.finished and not p.deleting)
+
+    def counts(self, current: Mapping[int, PodInfo]) -> None:
+        self.new["running"] = sum(1 for p in current.values() if p.phase == RUNNING and not p.deleting)
+        self.new["succeeded"] = sum(1 for p in current.values() if p.phase == "Succeeded")
+        self.new["failed"] = sum(1 for p in current.values() if p.phase == FAILED)
+
+    def fail(self, reason: str, message: str, *, failure: dict[str, Any] | None = None) -> None:
+        """The job fails: phase Failed, condition, Event, and every unfinished pod stopped."""
+        if failure is not None:
+            self.new["failure"] = failure
+        self.new["phase"] = FAILED
+        self.new["completionTime"] = format_time(self.now)
+        self.condition(FAILED, "True", reason, message)
+        self.clear(RUNNING, reason, "the job failed")
+        self.clear(RESTARTING, reason, "the job failed")
+        self.event(EVENT_WARNING, reason, message)
+        self.stop(self.o.pods)
+
+    def failure_record(self, reason: str, message: str) -> dict[str, Any]:
+        """A ``status.failure`` for a job-level failure (no rank): invalid spec, deadline."""
+        return {"reason": reason, "message": message, "restart": self.restart, "permanent": True,
+                "time": format_time(self.now)}
+
+    def create_pods(self, indices: Iterable[int], restart: int) -> None:
+        self.create.extend(indices)
+        self.create_restart = restart
+
+    def plan(self) -> Plan:
+        generation = self.o.generation
+        if generation is not None:
+            self.new["observedGeneration"] = generation
+            # Every condition was evaluated against this generation, whether it changed or not.
+            if self.new.get("conditions"):
+                self.new["conditions"] = [
+                    {**c, "observedGeneration": generation} for c in self.new["conditions"]
+                ]
+        restart = self.create_restart if self.create_restart is not None else int(self.new.get("restarts") or self.restart)
+        return Plan(
+            status=merge_patch(self.old, self.new),
+            delete_pods=tuple(dict.fromkeys(self.delete_pods)),
+            delete_services=tuple(dict.fromkeys(self.delete_services)),
+            configmap=self.configmap,
+            service=self.service,
+            create=tuple(dict.fromkeys(self.create)),
+            restart=restart,
+            events=tuple(self.events),
+            delete_job=self.delete_job,
+            requeue_after=min(self.requeue) if self.requeue else None,
+            pods_lost=self.pods_lost,
+        )
+
+
+def record_basics(p: Pass) -> None:
+    """The descriptive status fields every pass of a valid job keeps up to date."""
+    p.new.update(
+        mesh=contract.format_mesh(p.spec.mesh_pairs),
+        procs=p.spec.world_size,
+        restarts=p.restart,
+        masterAddr=names.master_addr(p.o.job, p.restart),
+    )

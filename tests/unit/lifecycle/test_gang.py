@@ -1,0 +1,122 @@
+"""Creating, replacing and reporting the gang (lifecycle.gang)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+import pytest
+
+from .helpers import NOW, apply, cond, deleting, events, gang, pod, pod_name, run, spec, status
+
+
+def test_first_pass_creates_every_pod_and_goes_pending():
+    plan = run(st=None)
+    assert plan.create == (0, 1, 2, 3)
+    assert plan.restart == 0
+    assert plan.delete_pods == ()
+    st = apply(None, plan)
+    assert st["phase"] == "Pending"
+    assert (st["mesh"], st["procs"], st["restarts"]) == ("hosts=2,gpus=2", 4, 0)
+    assert st["masterAddr"] == "hello-3fa9c-m0.ns.svc"
+    assert st["startTime"] == "2026-01-01T12:00:00Z"
+    assert st["observedGeneration"] == 1
+    assert cond(st, "Created")["status"] == "True"
+    assert events(plan) == [("Normal", "Created")]
+
+
+def test_first_pass_again_with_pods_present_creates_nothing():
+    st = apply(None, run(st=None))
+    plan = run(st=st, pods=gang("Pending"))
+    assert plan.create == ()
+    assert plan.delete_pods == ()
+    assert plan.events == ()
+
+
+def test_missing_pods_of_a_starting_gang_are_created_again():
+    st = apply(None, run(st=None))
+    plan = run(st=st, pods=gang("Pending")[:2])
+    assert plan.create == (2, 3)
+
+
+def test_running_only_when_every_proc_runs_and_the_waiting_say_why():
+    st = status("Pending")
+    sched = "0/5 nodes are available: 5 Insufficient nvidia.com/gpu."
+    plan = run(st=st, pods=gang("Running")[:2] + [pod(2, "Pending", reason="ContainerCreating"),
+                                                   pod(3, "Pending", unschedulable=sched)])
+    new = apply(st, plan)
+    assert new["phase"] == "Pending"
+    assert new["running"] == 2
+    running = cond(new, "Running")
+    assert running["status"] == "False"
+    assert "2/4 procs running" in running["message"]
+    assert "rank 2 ContainerCreating" in running["message"]
+    assert f"rank 3 Unschedulable ({sched})" in running["message"]
+    plan = run(st=new, pods=gang("Running"))
+    new = apply(new, plan)
+    assert new["phase"] == "Running"
+    assert cond(new, "Running")["status"] == "True"
+    assert events(plan) == [("Normal", "Running")]
+
+
+def test_running_and_the_same_pass_again_is_a_no_op():
+    st = status("Running", running=4, succeeded=0, failed=0, observedGeneration=1)
+    st["conditions"] = [{**c, "observedGeneration": 1} for c in st["conditions"]]
+    plan = run(st=st, pods=gang("Running"))
+    assert plan.status == {}
+    assert (plan.create, plan.delete_pods, plan.events, plan.service, plan.configmap) == ((), (), (), None, False)
+
+
+def test_next_attempt_waits_for_the_old_pods_to_terminate_then_comes_up():
+    failed_at = "2026-01-01T11:59:50Z"
+    st = status("Restarting", restarts=1, failure={"rank": 0, "time": failed_at})
+    old = deleting(gang("Running", restart=0))
+    plan = run(st=st, pods=old)
+    assert plan.create == (), "two gangs never run at once"
+    assert plan.delete_pods == (), "old pods already being deleted are left alone"
+    new = apply(st, plan)
+    assert new["phase"] == "Restarting"
+    assert cond(new, "Restarting")["reason"] == "WaitingForOldPods"
+    assert "4 pods of the previous attempt" in cond(new, "Restarting")["message"]
+    assert plan.requeue_after == pytest.approx(110), "woken when the replacement timeout (120 s) passes"
+    # A finished old pod does not hold the next attempt back; a terminating one does.
+    plan = run(st=st, pods=[dataclasses.replace(p, phase="Failed") for p in old[:3]] + old[3:])
+    assert plan.create == ()
+    # Old pods gone: the next attempt is created, then reported Running.
+    plan = run(st=st, pods=[])
+    assert (plan.create, plan.restart) == ((0, 1, 2, 3), 1)
+    plan = run(st=st, pods=gang("Running", restart=1))
+    new = apply(st, plan)
+    assert new["phase"] == "Running"
+    assert cond(new, "Restarting") is None or cond(new, "Restarting")["status"] == "False"
+
+
+def test_next_attempt_proceeds_after_the_replacement_timeout_and_says_so():
+    st = status("Restarting", restarts=1, failure={"rank": 0, "time": "2026-01-01T11:57:00Z"})
+    plan = run(s=spec(restartPolicy={"replacementTimeoutSeconds": 120}), st=st, pods=deleting(gang("Running", restart=0)))
+    assert plan.create == (0, 1, 2, 3)
+    [event] = plan.events
+    assert (event.type, event.reason) == ("Warning", "ReplacementTimeout")
+    assert pod_name(0, 0) in event.message
+
+
+def test_terminating_or_failed_replaces_at_once():
+    st = status("Running")
+    pods = gang("Running")
+    pods[1] = pod(1, "Failed", exit_code=1, reason="Error")
+    plan = run(s=spec(restartPolicy={"podReplacementPolicy": "TerminatingOrFailed"}), st=st, pods=pods)
+    assert (plan.create, plan.restart) == ((0, 1, 2, 3), 1)
+
+
+def test_stale_pods_of_an_older_attempt_are_deleted():
+    st = status("Restarting", restarts=1)
+    plan = run(st=st, pods=gang("Running", restart=0) + gang("Pending", restart=1))
+    assert set(plan.delete_pods) == {pod_name(r, 0) for r in range(4)}
+    assert plan.create == ()
+
+
+def test_time_waiting_counts_from_the_failure():
+    st = status("Restarting", restarts=1, failure={"rank": 0, "time": "2026-01-01T12:00:00Z"})
+    later = NOW + dt.timedelta(seconds=30)
+    plan = run(st=st, pods=deleting(gang("Running", restart=0)), now=later)
+    assert plan.requeue_after == pytest.approx(90)

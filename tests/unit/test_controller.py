@@ -1,0 +1,288 @@
+"""The controller (spmd_operator.controller) against an in-memory API: order of writes,
+idempotence, ownership, refusals, errors and the job loop's view of its job.
+
+The stand-in answers like the API server for what the controller uses (409 on a taken name,
+404 on a missing object, uid preconditions on delete) and records every request, so a duplicate
+POST is seen even when the server would answer it with 409.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+
+import pytest
+
+from monarch_spmd.spec import parse_job_spec
+from spmd_operator import builders, controller, kube, lifecycle, names
+
+from .lifecycle.helpers import BASE, JOB, NOW, cond, merge
+
+FILES = {"__init__.py": "", "contract.py": "", "names.py": "", "worker.py": "print()"}
+
+
+class FakeApi:
+    """Objects by (collection path, name); every request recorded as (verb, path)."""
+
+    def __init__(self, job, reject_pods=False):
+        self.job = job
+        self.objects = {}
+        self.calls = []
+        self.reject_pods = reject_pods
+        self.fail = {}  # (verb, collection) -> list of errors to raise, first first
+        self.namespace = {"metadata": {"name": JOB.namespace}}
+
+    def _maybe_fail(self, verb, collection):
+        errors = self.fail.get((verb, collection))
+        if errors:
+            raise errors.pop(0)
+
+    async def create(self, path, body):
+        self.calls.append(("create", path, body["metadata"].get("name")))
+        collection = path.rsplit("/", 1)[-1]
+        self._maybe_fail("create", collection)
+        if self.reject_pods and collection == "pods":
+            raise kube.KubeError(422, 'Pod "x" is invalid: spec.containers[1].image: Required value')
+        if collection == "events":
+            self.objects.setdefault(("events", len(self.objects)), copy.deepcopy(body))
+            return body
+        key = (path, body["metadata"]["name"])
+        if key in self.objects:
+            return None
+        obj = copy.deepcopy(body)
+        obj["metadata"].setdefault("uid", f"uid-{len(self.objects)}")
+        self.objects[key] = obj
+        return obj
+
+    async def get(self, path):
+        self.calls.append(("get", path, None))
+        if path.endswith(f"/namespaces/{JOB.namespace}"):
+            return self.namespace
+        if path.endswith(f"/spmdjobs/{JOB.name}"):
+            return json.loads(json.dumps(self.job))
+        collection, _, name = path.rpartition("/")
+        return copy.deepcopy(self.objects.get((collection, name)))
+
+    async def list(self, path, *, label_selector=None):
+        self.calls.append(("list", path, None))
+        key, _, value = (label_selector or "").partition("=")
+        items = [copy.deepcopy(o) for (p, _), o in self.objects.items()
+                 if p == path and (not key or o["metadata"].get("labels", {}).get(key) == value)]
+        return items, "1"
+
+    async def patch(self, path, patch):
+        self.calls.append(("patch", path, None))
+        if path.endswith("/status"):
+            self.job["status"] = merge(self.job.get("status") or {}, patch["status"])
+            return json.loads(json.dumps(self.job))
+        collection, _, name = path.rpartition("/")
+        obj = self.objects[(collection, name)]
+        obj.update(merge(obj, patch))
+        return obj
+
+    async def delete(self, path, *, uid=None, propagation="Background"):
+        self.calls.append(("delete", path, None))
+        collection, _, name = path.rpartition("/")
+        return self.objects.pop((collection, name), None) is not None
+
+    def posted(self, collection):
+        return [name for verb, path, name in self.calls if verb == "create" and path.endswith("/" + collection)]
+
+    def events(self):
+        return [(o["type"], o["reason"]) for k, o in self.objects.items() if k[0] == "events"]
+
+
+def job_body(**spec_changes):
+    spec = copy.deepcopy(BASE)
+    spec.update(spec_changes)
+    return {"apiVersion": "spmd.monarch.dev/v1alpha1", "kind": "SPMDJob",
+            "metadata": {"name": JOB.name, "namespace": JOB.namespace, "uid": JOB.uid, "generation": 1,
+                         "resourceVersion": "10"},
+            "spec": spec}
+
+
+def make(api):
+    c = controller.Controller(api, FILES)
+    loop = controller.JobLoop(key=JOB.key, body=json.loads(json.dumps(api.job)))
+    c.jobs[JOB.key] = loop
+    return c, loop
+
+
+def sync_informers(c, api):
+    """What the watches would deliver: every stored pod, Service and ConfigMap."""
+    for (path, _), obj in list(api.objects.items()):
+        target = {"pods": c.pods, "services": c.services, "configmaps": c.configmaps}.get(path.rsplit("/", 1)[-1])
+        if target is not None:
+            target._put(obj, set())
+
+
+def run_pass(c, loop):
+    return asyncio.run(c.reconcile_once(loop, now=NOW))
+
+
+def test_first_pass_writes_status_first_then_configmap_service_pods_then_events():
+    api = FakeApi(job_body())
+    c, loop = make(api)
+    run_pass(c, loop)
+    order = [(verb, path.rsplit("/", 1)[-1]) for verb, path, _ in api.calls]
+    assert order[0] == ("patch", "status")
+    assert sorted(order[1:3]) == [("create", "configmaps"), ("create", "services")]
+    assert order[3:7] == [("create", "pods")] * 4
+    assert order[7:] == [("create", "events")]
+    assert loop.body["status"]["phase"] == "Pending", "the loop keeps the status its own patch returned"
+    assert api.events() == [("Normal", "Created")]
+    assert api.posted("services") == [names.service_name(JOB, 0)]
+
+
+def test_a_second_pass_before_the_watches_catch_up_posts_nothing_twice():
+    api = FakeApi(job_body())
+    c, loop = make(api)
+    run_pass(c, loop)
+    run_pass(c, loop)
+    pods = api.posted("pods")
+    assert sorted(pods) == sorted(names.pod_name(JOB, 0, r) for r in range(4)), "each pod POSTed exactly once"
+    assert api.events() == [("Normal", "Created")]
+    sync_informers(c, api)
+    run_pass(c, loop)
+    assert len(api.posted("pods")) == 4 and len(api.posted("services")) == 1 and len(api.posted("configmaps")) == 1
+
+
+def test_pods_of_an_earlier_pass_are_recognised_as_ours():
+    api = FakeApi(job_body())
+    s = parse_job_spec(BASE, require_image=True)
+    for r in range(4):  # created by an operator that crashed before the informer showed them
+        pod = builders.build_pod(JOB, s, r, 0)
+        api.objects[(kube.pods_url("ns"), pod["metadata"]["name"])] = pod
+    c, loop = make(api)
+    run_pass(c, loop)
+    assert not api.events() or api.events() == [("Normal", "Created")], "no NameTaken warning for our own pods"
+    assert loop.body["status"]["phase"] == "Pending"
+
+
+def test_a_name_held_by_another_jobs_pod_is_reported_not_adopted():
+    api = FakeApi(job_body())
+    s = parse_job_spec(BASE, require_image=True)
+    stranger = builders.build_pod(names.JobRef(JOB.name, JOB.namespace, "other-uid"), s, 0, 0)
+    stranger["metadata"]["name"] = names.pod_name(JOB, 0, 0)  # improbable, but possible: a collision
+    api.objects[(kube.pods_url("ns"), stranger["metadata"]["name"])] = stranger
+    c, loop = make(api)
+    run_pass(c, loop)
+    assert ("Warning", "NameTaken") in api.events()
+    sync_informers(c, api)
+    counted = [p.name for p in c.pods.get(JOB.key, JOB.uid)]
+    assert stranger["metadata"]["name"] not in counted, "a pod owned by another uid is never counted"
+    assert c.pods.foreign(JOB.key, JOB.uid) == [stranger["metadata"]["name"]]
+
+
+def test_a_refused_pod_fails_the_job_in_the_next_pass_with_one_patch_each_and_no_created_event():
+    api = FakeApi(job_body(), reject_pods=True)
+    c, loop = make(api)
+    run_pass(c, loop)
+    assert loop.rejection and "spec.containers[1].image" in loop.rejection
+    assert api.events() == [], "the pass whose pods were refused posts no Created"
+    run_pass(c, loop)
+    st = api.job["status"]
+    assert st["phase"] == "Failed"
+    assert cond(st, "Failed")["reason"] == "InvalidSpec"
+    assert "spec.containers[1].image" in cond(st, "Failed")["message"]
+    assert api.events() == [("Warning", "InvalidSpec")]
+    assert [verb for verb, path, _ in api.calls if path.endswith("/status")] == ["patch", "patch"]
+
+
+def test_an_invalid_spec_is_failed_and_nothing_is_created():
+    api = FakeApi(job_body(mesh=[{"name": "hosts", "size": 0}]))
+    c, loop = make(api)
+    run_pass(c, loop)
+    assert [(verb, path.rsplit("/", 1)[-1]) for verb, path, _ in api.calls] == [("patch", "status"), ("create", "events")]
+    assert api.job["status"]["phase"] == "Failed"
+    assert "spec.mesh[0].size" in api.job["status"]["failure"]["message"]
+
+
+def test_a_404_from_writing_a_child_does_not_end_the_loop(monkeypatch):
+    monkeypatch.setattr(controller, "ERROR_BACKOFF_SECONDS", (0.05,))
+    monkeypatch.setattr(controller, "COALESCE_SECONDS", 0.0)
+    api = FakeApi(job_body())
+    api.fail[("create", "services")] = [kube.KubeError(404, "the server could not find the requested resource")]
+    c, loop = make(api)
+
+    async def scenario():
+        c.active = True
+        c._start_loop(loop)
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if api.posted("services").count(names.service_name(JOB, 0)) >= 2 and len(api.posted("pods")) == 4:
+                break
+        alive = not loop.task.done()
+        await c.deactivate()
+        return alive
+
+    assert asyncio.run(scenario()), "the loop outlives the 404 and retries"
+    assert len(api.posted("pods")) == 4
+    assert ("Warning", "ReconcileError") in api.events()
+
+
+def test_every_failure_of_concurrent_writes_is_logged_and_the_first_raised(caplog):
+    api = FakeApi(job_body())
+    api.fail[("create", "pods")] = [kube.KubeError(500, f"boom {i}") for i in range(4)]
+    c, loop = make(api)
+    with caplog.at_level(logging.WARNING, logger="spmd_operator.controller"):
+        with pytest.raises(kube.KubeError, match="boom 0"):
+            run_pass(c, loop)
+    logged = [r.getMessage() for r in caplog.records]
+    assert sum("also failed" in m for m in logged) == 3
+    assert all(any(f"boom {i}" in m for m in logged) for i in (1, 2, 3))
+
+
+def test_a_job_whose_namespace_is_being_deleted_stops_quietly():
+    api = FakeApi(job_body())
+    c, loop = make(api)
+    run_pass(c, loop)
+    sync_informers(c, api)
+    for r in range(4):  # every pod runs; then the namespace goes and takes the pods with it
+        c.pods._put({**api.objects[(kube.pods_url("ns"), names.pod_name(JOB, 0, r))],
+                     "status": {"phase": "Running"}}, set())
+    run_pass(c, loop)
+    assert api.job["status"]["phase"] == "Running"
+    before = len(api.calls)
+    api.namespace = {"metadata": {"name": "ns", "deletionTimestamp": "2026-01-01T12:00:00Z"}}
+    c.pods._drop({"metadata": {"namespace": "ns", "name": names.pod_name(JOB, 0, 1), "labels": {names.LABEL_JOB: JOB.name}}}, set())
+    with pytest.raises(controller.JobGone):
+        run_pass(c, loop)
+    assert [verb for verb, _, _ in api.calls[before:]] == ["get"], "nothing written: no restart, no Warning"
+    assert api.job["status"]["phase"] == "Running"
+
+
+def test_a_stale_configmap_is_brought_up_to_date():
+    api = FakeApi(job_body())
+    c, loop = make(api)
+    run_pass(c, loop)
+    cm_key = (kube.configmaps_url("ns"), names.configmap_name(JOB))
+    api.objects[cm_key]["metadata"]["annotations"][names.PAYLOAD_HASH_ANNOTATION] = "old"
+    api.objects[cm_key]["data"] = {"worker.py": "old"}
+    sync_informers(c, api)
+    run_pass(c, loop)
+    assert api.objects[cm_key]["data"] == FILES
+    assert api.objects[cm_key]["metadata"]["annotations"][names.PAYLOAD_HASH_ANNOTATION] == builders.payload_hash(FILES)
+
+
+def test_the_loop_ignores_watch_versions_older_than_its_own_write():
+    loop = controller.JobLoop(key=JOB.key, body={"metadata": {"resourceVersion": "9"}, "status": {}})
+    loop.wrote({"metadata": {"resourceVersion": "abc"}, "status": {"phase": "Running"}})
+    loop.accept({"metadata": {"resourceVersion": "zzz"}, "status": {"phase": "Pending"}}), "resourceVersions are opaque"
+    assert loop.body["status"]["phase"] == "Running", "a version from before our write is ignored"
+    loop.accept({"metadata": {"resourceVersion": "abd"}, "status": {"phase": "Running"}, "spec": {"suspend": True}})
+    assert loop.body["spec"] == {"suspend": True}, "the watch caught up with our write"
+    loop.accept({"metadata": {"resourceVersion": "abe"}, "status": {"phase": "Succeeded"}})
+    assert loop.body["status"]["phase"] == "Succeeded", "after that, the watch is followed again"
+
+
+def test_resync_reads_the_job_and_ends_the_loop_of_a_deleted_one():
+    api = FakeApi(job_body())
+    c, loop = make(api)
+    asyncio.run(c.resync(loop))
+    assert loop.body["metadata"]["uid"] == JOB.uid
+    api.job["metadata"]["uid"] = "another"  # deleted, and created again under the same name
+    with pytest.raises(controller.JobGone):
+        asyncio.run(c.resync(loop))
