@@ -32,6 +32,7 @@ from pathlib import Path
 from devcluster.binaries import ensure_binaries
 from devcluster.localcluster import REPO_ROOT, LocalCluster
 from devcluster.podnetwork import Bridge
+from devcluster.realnode import clean_slot, ensure_images, ensure_realnode_binaries
 
 DEFAULT_DIR = Path(os.environ.get("MONARCH_SPMD_CLUSTER_DIR", "/tmp/monarch-spmd-cluster"))
 
@@ -65,6 +66,10 @@ def up(args: argparse.Namespace) -> int:
                "--kwok-nodes", str(args.kwok_nodes), "--gpus", str(args.gpus)]
     if args.operator:
         command.append("--operator")
+    if args.real_nodes:
+        ensure_realnode_binaries()  # and the images: the first build on a machine takes minutes
+        ensure_images()
+        command += ["--real-nodes", str(args.real_nodes)]
     with open(state_dir / "cluster.log", "ab") as log:
         proc = subprocess.Popen(command, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -93,7 +98,7 @@ def serve(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     (args.state_dir / "cluster.pid").write_text(str(os.getpid()))
     cluster = LocalCluster(args.state_dir, kwok_nodes=args.kwok_nodes, gpus=args.gpus,
-                           operator=args.operator)
+                           operator=args.operator, real_nodes=args.real_nodes)
     try:
         cluster.start()
         (args.state_dir / "ready").write_text(json.dumps(cluster.describe()))
@@ -122,6 +127,10 @@ def down(args: argparse.Namespace) -> int:
     if bridge_file.exists():
         Bridge(int(bridge_file.read_text().removeprefix("spmdbr"))).destroy()
         bridge_file.unlink()
+    slot_file = state_dir / "realnode" / "slot"  # and the network, processes of its real nodes
+    if slot_file.exists():
+        clean_slot(int(slot_file.read_text()))
+        slot_file.unlink()
     (state_dir / "cluster.pid").unlink(missing_ok=True)
     print(f"cluster down; logs kept in {state_dir}", file=sys.stderr)
     return 0
@@ -149,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
                            help="nvidia.com/gpu capacity of the process node")
             p.add_argument("--operator", action="store_true",
                            help="also run the SPMDJob operator (log: <state>/operator.log)")
-            p.add_argument("--timeout", type=float, default=180, help="seconds to wait for up")
+            p.add_argument("--real-nodes", type=int, default=0,
+                           help="real kubelet nodes running containers (devcluster/realnode.py)")
+            p.add_argument("--timeout", type=float, default=600, help="seconds to wait for up")
     args = parser.parse_args(argv)
     args.state_dir = args.state_dir.resolve()
     return {"up": up, "serve": serve, "down": down, "status": status}[args.command](args)

@@ -25,6 +25,7 @@ from devcluster.controlplane import ControlPlane, die_with_parent, stop_process_
 from devcluster.kwoknodes import KwokNodes
 from devcluster.nodeagent import NodeAgent
 from devcluster.podnetwork import Bridge
+from devcluster.realnode import RealNodes, ensure_images, ensure_realnode_binaries
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[1]
 PROCESS_NODE: Final = "proc-node-0"
@@ -40,6 +41,7 @@ class LocalCluster:
         gpus: `nvidia.com/gpu` capacity of each process node.
         operator: also run the SPMDJob operator (`python -m spmd_operator --all-namespaces`).
         bin_dir: the binaries' folder (default: binaries.ensure_binaries(), building once).
+        real_nodes: how many real kubelet nodes (realnode.py: containers, CoreDNS; 0: none).
 
     Attributes:
         kubeconfig: admin kubeconfig for kubectl, helm and the Python client.
@@ -51,7 +53,8 @@ class LocalCluster:
 
     def __init__(self, state_dir: Path, *, kwok_nodes: int = 4,
                  process_nodes: tuple[str, ...] = (PROCESS_NODE,), gpus: int = 0,
-                 operator: bool = False, bin_dir: Path | None = None) -> None:
+                 operator: bool = False, bin_dir: Path | None = None,
+                 real_nodes: int = 0) -> None:
         self.state_dir = Path(state_dir)
         self.kwok_count, self.process_nodes, self.gpus = kwok_nodes, process_nodes, gpus
         self.with_operator = operator
@@ -65,6 +68,8 @@ class LocalCluster:
         self.kwok: KwokNodes | None = None
         self.operator_process: subprocess.Popen | None = None
         self.start_seconds = 0.0
+        self.real_count = real_nodes
+        self.real: RealNodes | None = None
 
     def __enter__(self) -> LocalCluster:
         self.start()
@@ -94,6 +99,11 @@ class LocalCluster:
                 self.kwok = KwokNodes(self.bin_dir, self.kubeconfig, self.state_dir,
                                       self.kwok_count)
                 self.kwok.start()
+            if self.real_count:
+                self.real = RealNodes(self.bin_dir, ensure_realnode_binaries(), self.kubeconfig,
+                                      certs.ca_crt, self.control_plane.api_port, self.state_dir,
+                                      self.real_count, ensure_images())
+                self.real.start()
             self.wait_for_nodes()
             if self.with_operator:
                 self.start_operator()
@@ -105,6 +115,9 @@ class LocalCluster:
     def stop(self) -> None:
         """Stop everything started, newest first; safe to call more than once."""
         self.stop_operator()
+        if self.real:
+            self.real.stop()
+            self.real = None
         if self.agent:
             self.agent.stop()
             self.agent = None
@@ -184,6 +197,7 @@ class LocalCluster:
     def wait_for_nodes(self, timeout: float = 60.0) -> None:
         """Wait until every process and kwok node is Ready."""
         names = list(self.process_nodes) + (self.kwok.names if self.kwok else [])
+        names += self.real.names if self.real else []
         core = client.CoreV1Api(self.api_client())
         deadline = time.monotonic() + timeout
         while True:
@@ -199,4 +213,5 @@ class LocalCluster:
     def describe(self) -> dict[str, Any]:
         return {"kubeconfig": str(self.kubeconfig), "state_dir": str(self.state_dir),
                 "bin_dir": str(self.bin_dir), "bridge": self.bridge.name if self.bridge else None,
-                "start_seconds": round(self.start_seconds, 2)}
+                "start_seconds": round(self.start_seconds, 2),
+                **(self.real.describe() if self.real else {})}
