@@ -4,6 +4,7 @@ Entry point of the test cluster (devcluster/), on top of localcluster.py.
 
     eval "$(python -m devcluster up --kwok-nodes 4 --operator)"   # prints the exports
     kubectl get nodes
+    python -m devcluster restart-apiserver [--down 5] [--etcd]     # an outage, on demand
     python -m devcluster down
 
 `up` builds the binaries on first use (tens of minutes once per machine), wipes and reuses the
@@ -90,12 +91,18 @@ def up(args: argparse.Namespace) -> int:
     return 0
 
 
+RESTART_REQUEST = "restart-apiserver.json"
+RESTART_DONE = "restart-apiserver.done"
+
+
 def serve(args: argparse.Namespace) -> int:
-    """Run the cluster in the foreground until SIGTERM or SIGINT."""
+    """Run the cluster in the foreground until SIGTERM or SIGINT; SIGUSR1 restarts the API server."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     stop = threading.Event()
+    restart = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    signal.signal(signal.SIGUSR1, lambda *_: (restart.set(), stop.set()))
     (args.state_dir / "cluster.pid").write_text(str(os.getpid()))
     cluster = LocalCluster(args.state_dir, kwok_nodes=args.kwok_nodes, gpus=args.gpus,
                            operator=args.operator, real_nodes=args.real_nodes)
@@ -103,7 +110,16 @@ def serve(args: argparse.Namespace) -> int:
         cluster.start()
         (args.state_dir / "ready").write_text(json.dumps(cluster.describe()))
         print(f"ready: {cluster.describe()}", flush=True)
-        stop.wait()
+        while True:
+            stop.wait()
+            if not restart.is_set():
+                break
+            restart.clear()
+            stop.clear()
+            request = json.loads((args.state_dir / RESTART_REQUEST).read_text())
+            outage = cluster.restart_apiserver(down_seconds=request["down"], etcd=request["etcd"])
+            (args.state_dir / RESTART_DONE).write_text(f"{outage:.1f}")
+            print(f"API server restarted; outage {outage:.1f}s", flush=True)
     finally:
         print("stopping", flush=True)
         cluster.stop()
@@ -136,6 +152,26 @@ def down(args: argparse.Namespace) -> int:
     return 0
 
 
+def restart_apiserver(args: argparse.Namespace) -> int:
+    """Asks the running cluster to kill its API server (and etcd) and start it again."""
+    pid = running_pid(args.state_dir)
+    if not pid:
+        print(f"no cluster running for {args.state_dir}", file=sys.stderr)
+        return 1
+    done = args.state_dir / RESTART_DONE
+    done.unlink(missing_ok=True)
+    (args.state_dir / RESTART_REQUEST).write_text(json.dumps({"down": args.down, "etcd": args.etcd}))
+    os.kill(pid, signal.SIGUSR1)
+    deadline = time.monotonic() + args.down + 180
+    while not done.exists():
+        if time.monotonic() > deadline or not running_pid(args.state_dir):
+            print(f"the API server did not come back; see {args.state_dir / 'cluster.log'}", file=sys.stderr)
+            return 1
+        time.sleep(0.2)
+    print(f"API server restarted; outage {done.read_text()}s", file=sys.stderr)
+    return 0
+
+
 def status(args: argparse.Namespace) -> int:
     if running_pid(args.state_dir) and (args.state_dir / "ready").exists():
         print(exports(args.state_dir), end="")
@@ -148,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devcluster", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("up", "serve", "down", "status"):
+    for name in ("up", "serve", "down", "status", "restart-apiserver"):
         p = sub.add_parser(name)
         p.add_argument("--state-dir", type=Path, default=DEFAULT_DIR,
                        help=f"folder for everything the cluster writes (default {DEFAULT_DIR})")
@@ -161,9 +197,13 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--real-nodes", type=int, default=0,
                            help="real kubelet nodes running containers (devcluster/realnode.py)")
             p.add_argument("--timeout", type=float, default=600, help="seconds to wait for up")
+        if name == "restart-apiserver":
+            p.add_argument("--down", type=float, default=0.0, help="seconds to keep it down")
+            p.add_argument("--etcd", action="store_true", help="restart etcd too (its data is kept)")
     args = parser.parse_args(argv)
     args.state_dir = args.state_dir.resolve()
-    return {"up": up, "serve": serve, "down": down, "status": status}[args.command](args)
+    return {"up": up, "serve": serve, "down": down, "status": status,
+            "restart-apiserver": restart_apiserver}[args.command](args)
 
 
 if __name__ == "__main__":

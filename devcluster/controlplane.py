@@ -208,6 +208,8 @@ class ControlPlane:
         self.server = ""
         self.start_seconds = 0.0
         self.processes: dict[str, subprocess.Popen] = {}
+        self.args: dict[str, list[str]] = {}
+        self.etcd_url = ""
         self.certs: Certificates | None = None
 
     def __enter__(self) -> ControlPlane:
@@ -236,6 +238,7 @@ class ControlPlane:
         write_kubeconfig(self.kubeconfig, self.server, certs)
 
         etcd_url, peer_url = f"http://127.0.0.1:{etcd_port}", f"http://127.0.0.1:{peer_port}"
+        self.etcd_url = etcd_url
         self._spawn("etcd", [
             "--name=default", f"--data-dir={self.state_dir / 'etcd'}",
             f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
@@ -284,6 +287,7 @@ class ControlPlane:
         )
 
     def _spawn(self, name: str, args: list[str]) -> None:
+        self.args[name] = list(args)
         log = open(self.state_dir / f"{name}.log", "ab")
         try:
             self.processes[name] = subprocess.Popen(
@@ -328,6 +332,47 @@ class ControlPlane:
         """Stop every component (newest first) and wait until no process of theirs is left."""
         for name in reversed(list(self.processes)):
             stop_process_group(self.processes.pop(name))
+
+    def _etcd_healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.etcd_url + "/health", timeout=2) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    def kill(self, *names: str) -> None:
+        """SIGKILLs components (e.g. ``kube-apiserver``, ``etcd``), as a crash would: no clean-up."""
+        for name in names:
+            proc = self.processes.pop(name)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+    def revive(self, *names: str) -> None:
+        """Starts killed components again with their old flags (etcd keeps its data) and waits."""
+        order = [n for n in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler") if n in names]
+        for name in order:
+            self._spawn(name, self.args[name])
+            if name == "etcd":
+                self._wait_for("etcd", self._etcd_healthy)
+            elif name == "kube-apiserver":
+                self._wait_for("kube-apiserver", lambda: self._get("/readyz") == 200)
+
+    def restart(self, *names: str, down_seconds: float = 0.0) -> float:
+        """Kills components, keeps them down ``down_seconds``, starts them again; returns the outage.
+
+        The outage is measured until the API server answers again. With ``kube-apiserver`` its
+        watch cache starts over, so a client watching from an older resourceVersion gets
+        410 Gone and must list again, which is what an API server upgrade does to operators.
+        """
+        began = time.monotonic()
+        names = names or ("kube-apiserver",)
+        self.kill(*names)
+        time.sleep(down_seconds)
+        self.revive(*names)
+        return time.monotonic() - began
 
 
 def stop_process_group(proc: subprocess.Popen, grace: float = STOP_GRACE_SECONDS) -> None:

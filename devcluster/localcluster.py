@@ -131,6 +131,16 @@ class LocalCluster:
             self.bridge.destroy()
             self.bridge = None
 
+    def restart_apiserver(self, *, down_seconds: float = 0.0, etcd: bool = False) -> float:
+        """Kills the API server (and etcd with ``etcd``) and starts it again; returns the outage.
+
+        What an operator meets when its API server restarts or is upgraded: its watches break,
+        and resuming them from an old resourceVersion ends in 410 Gone and a re-list.
+        """
+        assert self.control_plane is not None, "the cluster is not running"
+        names = ("etcd", "kube-apiserver") if etcd else ("kube-apiserver",)
+        return self.control_plane.restart(*names, down_seconds=down_seconds)
+
     # --- the operator (hook for end-to-end tests; they may stop and restart it) ---------------
 
     def install_crds(self) -> None:

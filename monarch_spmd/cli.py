@@ -5,30 +5,29 @@ Subcommands::
     monarch-spmd run --mesh hosts=2,gpus=2 [options] -- -m train --lr 0.001
     monarch-spmd run -f job.yaml [options] [-- ARGV]       # the SPMDJob manifest kubectl applies
     monarch-spmd worker -- -m train --lr 0.001             # the in-pod worker (see worker.py)
-    monarch-spmd logs ...                                  # monarch_spmd.logs, when installed
+    monarch-spmd logs JOB [--rank R] [-f]                   # every rank's log of an SPMDJob
 
 Everything after the first ``--`` is the training argv, passed on untouched. ``run`` is
-:mod:`monarch_spmd.runner`, ``worker`` is :mod:`monarch_spmd.worker`; ``logs`` is dispatched to
-``monarch_spmd.logs:main(argv)`` when that module exists.
+:mod:`monarch_spmd.runner`, ``worker`` is :mod:`monarch_spmd.payload.worker`, ``logs`` is
+:mod:`monarch_spmd.logs`.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
 
 from . import runner
 from .payload import worker
 
-USAGE = """usage: monarch-spmd {run,worker,logs} ...
+USAGE = """usage: monarch-spmd {run,worker,logs,validate} ...
 
   run     run an SPMD job locally, one process per proc:
           monarch-spmd run --mesh hosts=2,gpus=2 -- -m train --lr 0.001
           monarch-spmd run -f job.yaml
   worker  the in-pod worker: monarch-spmd worker -- -m train ...
-  logs    the logs of an SPMDJob's ranks (needs monarch_spmd.logs)
+  logs    the logs of an SPMDJob's ranks: monarch-spmd logs JOB [--rank R] [-f]
 """
 
 
@@ -52,7 +51,8 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--mesh", help="ordered mesh, e.g. hosts=2,gpus=2 (the last dimension is local)")
     p.add_argument("--master-port", type=int, help="rank 0's port (default: a free one)")
     p.add_argument("--max-restarts", type=int, help="gang restarts after a failure (default: the manifest's restartPolicy.maxRestarts, else 0)")
-    p.add_argument("--rendezvous-timeout", type=float, help="seconds a worker waits for the master")
+    p.add_argument("--rendezvous-timeout", type=int, metavar="SECONDS",
+                   help="seconds a worker waits for MASTER_ADDR to resolve (spec.rendezvousTimeoutSeconds)")
     p.add_argument("--local-rank-scope", choices=worker.LOCAL_RANK_SCOPES, help="mesh (default) or pod")
     p.add_argument("--role-name", help="ROLE_NAME (default: default)")
     p.add_argument("--run-id", help="TORCHELASTIC_RUN_ID (default: <job name>-<random>)")
@@ -88,21 +88,16 @@ def run_main(argv: Sequence[str]) -> int:
             local_rank_scope=opts.local_rank_scope,
             role_name=opts.role_name,
         )
+        return runner.run(job, grace_period=opts.grace_period, run_id=opts.run_id)
     except (ValueError, OSError, RuntimeError) as e:
         print(f"monarch-spmd run: {e}", file=sys.stderr)
         return 2
-    return runner.run(job, grace_period=opts.grace_period, run_id=opts.run_id)
 
 
 def logs_main(argv: Sequence[str]) -> int:
-    """``monarch-spmd logs``: dispatched to ``monarch_spmd.logs:main`` when it exists."""
-    try:
-        logs = importlib.import_module("monarch_spmd.logs")
-    except ModuleNotFoundError as e:
-        if e.name != "monarch_spmd.logs":
-            raise
-        print("monarch-spmd logs: not available in this installation (monarch_spmd.logs is missing)", file=sys.stderr)
-        return 2
+    """``monarch-spmd logs``: :func:`monarch_spmd.logs.main`."""
+    from . import logs
+
     return int(logs.main(list(argv)) or 0)
 
 
@@ -119,6 +114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return worker.main(rest)
     if command == "logs":
         return logs_main(rest)
+    if command == "validate":
+        from . import validate  # needs PyYAML (the cli extra)
+
+        return validate.main(rest)
     print(f"monarch-spmd: unknown command {command!r}\n{USAGE}", end="", file=sys.stderr)
     return 2
 

@@ -1,30 +1,38 @@
 """The local runner: an SPMDJob on this machine, one process per proc, no cluster needed.
 
-Where it sits: above :mod:`monarch_spmd.worker` (every local process IS the worker, started with
-exactly the MONARCH_SPMD_* inputs the operator injects into pods) and :mod:`monarch_spmd.spec`
-(which checks a manifest with the operator's rules), below :mod:`monarch_spmd.cli`
-(``monarch-spmd run``). It never imports Monarch or Kubernetes code; PyYAML is needed only to read
-a manifest.
+Where it sits: above the payload (every local process IS the worker, started with exactly the
+MONARCH_SPMD_* inputs the operator gives pods), :mod:`monarch_spmd.spec` (the same job spec type
+and validation as the operator) and :mod:`monarch_spmd.policy` (the same failure classes, GPU and
+trainer rules); below :mod:`monarch_spmd.cli` (``monarch-spmd run``). It never imports Monarch or
+Kubernetes code; PyYAML is needed only to read a manifest.
 
 Behaviour, modelled on torchrun's local agent:
 
-* one process per proc of the mesh, ``sys.executable -m monarch_spmd.worker -- ARGV``, each in its
-  own process group, with MASTER_ADDR 127.0.0.1 and a free port unless one is given;
+* every rank's process starts at once, ``sys.executable -m monarch_spmd.payload.worker -- ARGV``,
+  each in its own process group, with MASTER_ADDR 127.0.0.1 and a free port unless the manifest
+  (or ``--master-port``) sets one;
 * every output line is prefixed with its rank (``[rank 3] ...``): stdout to stdout, stderr to
   stderr; the runner's own lines start with ``[monarch-spmd]`` and go to stderr;
-* when a rank exits non-zero the other ranks are stopped at once (SIGTERM, which the worker
-  forwards to the training process, then SIGKILL to each process group after a grace period);
-  the gang is then restarted, up to ``max_restarts`` times, with MONARCH_SPMD_RESTART_COUNT
-  (TORCHELASTIC_RESTART_COUNT) incremented, unless the code is permanent (64, bad worker input,
-  or one of ``permanent_exit_codes``) or not among a non-empty ``retryable_exit_codes`` (75, the
-  rendezvous timeout, is always retryable);
+* when a rank exits non-zero at any moment the other ranks are stopped at once (SIGTERM, which
+  the worker forwards to the training process, then SIGKILL to each process group after a grace
+  period), and the gang is restarted up to ``restartPolicy.maxRestarts`` times with
+  TORCHELASTIC_RESTART_COUNT incremented, unless :func:`monarch_spmd.policy.is_permanent` says
+  the failure is permanent (the operator's rule); the next attempt starts only once every
+  process of the last one is gone;
+* ``activeDeadlineSeconds`` stops the job when it passes (exit code 124, as ``timeout`` uses);
 * the exit code is 0 when every rank succeeded, else the first failing rank's exit code;
 * Ctrl-C (SIGINT) or SIGTERM stops every rank the same way and exits 130 / 143;
 * after each attempt every process group is killed, so no process is left behind.
+
+Every field of the spec is honoured or refused: ``suspend: true`` and values the cluster must
+supply (``valueFrom``, ``envFrom``) are refused with a message naming the field; what describes
+the container rather than the program (``image``, ``python``, pod-level template fields such as
+resources or node selectors) has no local meaning, and the runner says so in one note line.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import selectors
 import signal
@@ -37,127 +45,89 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
-from . import spec
-from .payload import contract, worker
+from . import policy, spec
+from .payload import contract, names, worker
 from .ports import free_port
+from .spec import JobSpec
 
 #: The master address of local runs: every proc is on this machine.
 LOCAL_MASTER_ADDR: Final = "127.0.0.1"
 #: Seconds between SIGTERM and SIGKILL when stopping ranks.
 DEFAULT_GRACE_PERIOD: Final = 5.0
+#: The exit code when activeDeadlineSeconds passes (that of coreutils' ``timeout``).
+EX_DEADLINE: Final = 124
 
 _TAG: Final = "[monarch-spmd]"
+#: Pod-spec fields that describe where and how a container runs, not what the program sees.
+_POD_ONLY: Final = ("resources", "volumeMounts", "securityContext", "ports", "livenessProbe", "readinessProbe",
+                    "startupProbe", "imagePullPolicy", "workingDir")
 
 
-@dataclass
+@dataclass(frozen=True)
 class LocalJob:
-    """What the runner needs of an SPMDJob (the fields mean what the CRD's fields mean).
+    """An SPMDJob to run on this machine.
 
     Attributes:
-        mesh: ordered ``(name, size)`` dimensions (``spec.mesh``).
-        args: the training argv, ``["-m", MODULE, ...]`` or ``[PATH, ...]`` (``spec.args``).
         name: the job's name; the run id is derived from it.
-        master_port: rank 0's port (``spec.masterPort``); None picks a free one per attempt.
-        max_restarts: gang restarts allowed (``spec.restartPolicy.maxRestarts``).
-        permanent_exit_codes: codes that fail the job at once (``...permanentExitCodes``).
-        retryable_exit_codes: if non-empty, only these codes are restarted (``...retryableExitCodes``).
-        rendezvous_timeout: seconds each worker waits for the master (``spec.rendezvousTimeoutSeconds``).
-        local_rank_scope: ``mesh``, or ``pod`` (``spec.gpusPerProc`` >= 1): see the worker.
-        role_name: becomes ROLE_NAME.
-        env: extra variables for every proc (the ``trainer`` container's plain ``env`` values);
-            they win over the runner's, as the user's env wins in a pod.
+        spec: the parsed spec, exactly as the operator sees it.
+        fixed_port: rank 0's port was set explicitly (``masterPort`` in the manifest, or
+            ``--master-port``); otherwise a free port is picked per attempt, so two local runs do
+            not collide on the default 29500.
     """
 
-    mesh: list[tuple[str, int]]
-    args: list[str]
-    name: str = "local"
-    master_port: int | None = None
-    max_restarts: int = 0
-    permanent_exit_codes: frozenset[int] = frozenset()
-    retryable_exit_codes: frozenset[int] = frozenset()
-    rendezvous_timeout: float = worker.DEFAULT_RENDEZVOUS_TIMEOUT
-    local_rank_scope: str = worker.SCOPE_MESH
-    role_name: str = contract.DEFAULT_ROLE_NAME
-    env: dict[str, str] = field(default_factory=dict)
+    name: str
+    spec: JobSpec
+    fixed_port: bool = False
 
-    def __post_init__(self) -> None:
-        self.mesh = contract.validate_mesh(self.mesh)
-        worker.command_for(self.args)  # raises WorkerInputError naming argv
-        if self.master_port is not None and (
-            isinstance(self.master_port, bool)
-            or not isinstance(self.master_port, int)
-            or not 1 <= self.master_port <= 65535
-        ):
-            raise ValueError(f"master_port: {self.master_port!r} is out of range; valid is 1..65535")
-        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
-            raise ValueError(f"max_restarts: {self.max_restarts!r} is not valid; it is an integer of at least 0")
-        if self.local_rank_scope not in worker.LOCAL_RANK_SCOPES:
-            raise ValueError(
-                f"local_rank_scope: {self.local_rank_scope!r} is not valid; expected one of "
-                f"{', '.join(worker.LOCAL_RANK_SCOPES)}"
-            )
-        if not self.rendezvous_timeout > 0:
-            raise ValueError(f"rendezvous_timeout: {self.rendezvous_timeout!r} is not valid; it is > 0 seconds")
+    @property
+    def mesh(self) -> list[tuple[str, int]]:
+        return self.spec.mesh_pairs
+
+
+class LocalRunError(ValueError):
+    """A spec field the local runner cannot honour; the message names it."""
+
+
+def check_local(job: LocalJob) -> tuple[dict[str, str], list[str]]:
+    """Checks what a local run can honour; returns the trainer's env and notes for the user.
+
+    Raises:
+        LocalRunError: for ``spec.suspend: true`` and env the cluster must supply, naming the field.
+    """
+    s = job.spec
+    if s.suspend:
+        raise LocalRunError("spec.suspend: true holds the job until a cluster (Kueue) releases it; "
+                            "there is nothing to hold locally: set it to false to run here")
+    try:
+        env = policy.trainer_env(s)
+    except policy.UnsupportedLocally as e:
+        raise LocalRunError(str(e)) from None
+    unused = []
+    if s.image:
+        unused.append(f"spec.image ({s.image})")
+    if s.python != spec.DEFAULT_PYTHON:
+        unused.append(f"spec.python ({s.python})")
+    pod = dict(s.template.get("spec") or {})
+    pod.pop("containers", None)
+    unused.extend(f"spec.template.spec.{k}" for k in sorted(pod))
+    trainer = policy.trainer_container(s.template) or {}
+    unused.extend(f"the trainer container's {k}" for k in _POD_ONLY if k in trainer)
+    if s.ttl_seconds_after_finished is not None:
+        unused.append("spec.ttlSecondsAfterFinished (nothing to delete)")
+    notes = []
+    if unused:
+        notes.append("not used locally (every rank runs with this machine's Python): " + ", ".join(unused))
+    if s.pod_replacement_policy != "Failed":
+        notes.append(f"restartPolicy.podReplacementPolicy {s.pod_replacement_policy}: locally the next attempt "
+                     "starts once every process of the last one is gone")
+    return env, notes
 
 
 # --- manifests ---------------------------------------------------------------------------------
-# The manifest is parsed and checked by monarch_spmd.spec, the same rules the operator applies.
-
-_GPU_RESOURCE: Final = "nvidia.com/gpu"
 
 
-def _trainer_container(template: Mapping[str, Any]) -> Mapping[str, Any]:
-    for container in (template.get("spec") or {}).get("containers") or []:
-        if isinstance(container, Mapping) and container.get("name") in (None, spec.TRAINER_CONTAINER):
-            return container
-    return {}
-
-
-def _holds_gpus(container: Mapping[str, Any]) -> bool:
-    resources = container.get("resources") or {}
-    for kind in ("limits", "requests"):
-        value = (resources.get(kind) or {}).get(_GPU_RESOURCE)
-        if value is not None and str(value).strip() not in ("", "0"):
-            return True
-    return False
-
-
-def job_from_manifest(doc: Mapping[str, Any]) -> LocalJob:
-    """Builds a :class:`LocalJob` from one SPMDJob manifest, checked by :func:`spec.load_manifest`.
-
-    As on Kubernetes: ``gpusPerProc`` >= 1 or a GPU limit on the ``trainer`` container selects the
-    ``pod`` local-rank scope; the container's plain ``env`` values reach every proc and win over
-    the runner's (only MONARCH_SPMD_ROLE_NAME and MONARCH_SPMD_LOCAL_RANK_SCOPE may be among
-    them). Locally the master port is a free one unless the manifest sets ``masterPort``
-    explicitly, so that two local runs do not collide on the default port.
-
-    Raises:
-        monarch_spmd.spec.SpecError: naming the manifest field (e.g. ``spec.mesh[1].size``).
-    """
-    name, _, job = spec.load_manifest(doc)
-    raw_spec = doc.get("spec") or {}
-    trainer = _trainer_container(job.template)
-    env: dict[str, str] = {}
-    for item in trainer.get("env") or []:
-        if isinstance(item, Mapping) and "name" in item and "value" in item:
-            env[str(item["name"])] = str(item["value"])
-    scope = worker.SCOPE_POD if job.gpus_per_proc >= 1 or _holds_gpus(trainer) else worker.SCOPE_MESH
-    return LocalJob(
-        mesh=job.mesh_pairs,
-        args=list(job.args),
-        name=name,
-        master_port=job.master_port if "masterPort" in raw_spec else None,
-        max_restarts=job.max_restarts,
-        permanent_exit_codes=frozenset(job.permanent_exit_codes),
-        retryable_exit_codes=frozenset(job.retryable_exit_codes),
-        rendezvous_timeout=float(job.rendezvous_timeout_seconds),
-        local_rank_scope=scope,
-        env=env,
-    )
-
-
-def load_manifest(path: str) -> LocalJob:
-    """Reads the SPMDJob document of a YAML file (the file ``kubectl apply -f`` takes).
+def read_manifest(path: str) -> dict[str, Any]:
+    """The SPMDJob document of a YAML file (the file ``kubectl apply -f`` takes), unparsed.
 
     Other documents in the file (a ConfigMap holding the script, say) are ignored.
     """
@@ -170,15 +140,81 @@ def load_manifest(path: str) -> LocalJob:
     jobs = [d for d in docs if isinstance(d, Mapping) and d.get("kind") == spec.KIND]
     if len(jobs) != 1:
         raise ValueError(f"{path}: expected one document of kind {spec.KIND} ({spec.API_VERSION}), found {len(jobs)}")
-    return job_from_manifest(jobs[0])
+    return dict(jobs[0])
+
+
+def job_from_manifest(doc: Mapping[str, Any]) -> LocalJob:
+    """A :class:`LocalJob` from one SPMDJob manifest, checked by :func:`spec.load_manifest`.
+
+    Raises:
+        monarch_spmd.spec.SpecError: naming the manifest field (e.g. ``spec.mesh[1].size``).
+    """
+    name, _, parsed = spec.load_manifest(doc)
+    return LocalJob(name=name, spec=parsed, fixed_port="masterPort" in (doc.get("spec") or {}))
+
+
+def job_from_args(
+    mesh: str | None,
+    args: Sequence[str],
+    manifest: str | None = None,
+    *,
+    master_port: int | None = None,
+    max_restarts: int | None = None,
+    rendezvous_timeout: int | None = None,
+    local_rank_scope: str | None = None,
+    role_name: str | None = None,
+) -> LocalJob:
+    """A :class:`LocalJob` from the CLI's pieces: a manifest and/or ``--mesh``, argv, overrides.
+
+    The command line is turned into the manifest it stands for (a non-empty ``args``, ``mesh``
+    and every override given win over the manifest's), which is then checked by the same
+    :func:`spec.load_manifest` as a manifest: one set of rules, one kind of error message.
+
+    Raises:
+        monarch_spmd.spec.SpecError: naming the field; ValueError for a ``--mesh`` that does not
+        parse.
+    """
+    if manifest:
+        doc = read_manifest(manifest)
+    elif not mesh:
+        raise ValueError("mesh: give --mesh NAME=SIZE,... (e.g. hosts=2,gpus=2) or -f job.yaml")
+    else:
+        doc = {"apiVersion": spec.API_VERSION, "kind": spec.KIND, "metadata": {"name": "local"}, "spec": {}}
+    body = dict(doc.get("spec") or {}) if isinstance(doc.get("spec"), Mapping) else {}
+    if mesh:
+        body["mesh"] = [{"name": n, "size": s} for n, s in contract.parse_mesh(mesh)]
+    if args:
+        body["args"] = list(args[1:] if args[0] == "--" else args)
+    if master_port is not None:
+        body["masterPort"] = master_port
+    if rendezvous_timeout is not None:
+        body["rendezvousTimeoutSeconds"] = rendezvous_timeout
+    if max_restarts is not None:
+        body["restartPolicy"] = {**(body.get("restartPolicy") or {}), "maxRestarts": max_restarts}
+    elif not manifest:
+        body["restartPolicy"] = {"maxRestarts": 0}  # a bare command line does not retry unless asked
+    overrides = {names.LOCAL_RANK_SCOPE_VAR: local_rank_scope, names.ROLE_NAME_VAR: role_name}
+    if any(v is not None for v in overrides.values()):
+        body["template"] = _with_trainer_env(body.get("template") or {}, overrides)
+    return job_from_manifest({**doc, "spec": body})
+
+
+def _with_trainer_env(template: Mapping[str, Any], values: Mapping[str, str | None]) -> dict[str, Any]:
+    """The template with ``values`` set in its trainer container's env (the container added if needed)."""
+    out = copy.deepcopy(dict(template))
+    pod = out.setdefault("spec", {})
+    containers = pod.setdefault("containers", [])
+    trainer = policy.trainer_container(out)
+    if trainer is None:
+        trainer = {"name": names.TRAINER_CONTAINER}
+        containers.insert(0, trainer)
+    env = [e for e in trainer.get("env") or [] if e.get("name") not in {k for k, v in values.items() if v is not None}]
+    env.extend({"name": k, "value": v} for k, v in values.items() if v is not None)
+    trainer["env"] = env
+    return out
 
 
 # --- running ---------------------------------------------------------------------------------
-
-
-def free_local_port() -> int:
-    """A TCP port free on 127.0.0.1 now, and unlikely to be taken before rank 0 binds it."""
-    return free_port(LOCAL_MASTER_ADDR)
 
 
 class _Interrupted(Exception):
@@ -220,10 +256,19 @@ class _Output:
         self.write(2, f"{_TAG} {message}\n".encode())
 
 
+def _gpu_env(job: LocalJob, rank: int, base: Mapping[str, str]) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES for a proc holding ``gpusPerProc`` GPUs: its own slice, as in a pod."""
+    per = job.spec.gpus_per_proc
+    if per < 1 or "CUDA_VISIBLE_DEVICES" in base:
+        return {}
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(d) for d in range(rank * per, (rank + 1) * per))}
+
+
 class _Gang:
     """One attempt: the worker processes of every rank, their output and their stopping."""
 
-    def __init__(self, job: LocalJob, attempt: int, run_id: str, python: str, output: _Output, grace: float) -> None:
+    def __init__(self, job: LocalJob, env: Mapping[str, str], attempt: int, run_id: str, python: str,
+                 output: _Output, grace: float) -> None:
         self.output = output
         self.grace = grace
         self.selector = selectors.DefaultSelector()
@@ -232,32 +277,33 @@ class _Gang:
         self.stop_deadline: float | None = None
         self.finished = False
         self.job = job
+        self.env = dict(env)
         self.attempt = attempt
         self.run_id = run_id
         self.python = python
-        self.port = job.master_port if job.master_port is not None else free_local_port()
+        self.port = job.spec.master_port if job.fixed_port else free_port(LOCAL_MASTER_ADDR)
 
     def start(self) -> None:
-        """Starts one worker per rank, each in its own process group."""
-        job, port = self.job, self.port
+        """Starts one worker per rank, all at once, each in its own process group."""
+        job, port, s = self.job, self.port, self.job.spec
         base = dict(os.environ)
         base.setdefault("PYTHONUNBUFFERED", "1")
-        for rank in range(contract.world_size(job.mesh)):
+        scope = policy.local_rank_scope(s)
+        for rank in range(s.world_size):
             inputs = worker.worker_input_env(
                 job.mesh,
                 contract.coords_of(job.mesh, rank),
                 LOCAL_MASTER_ADDR,
                 port,
                 restart_count=self.attempt,
-                max_restarts=job.max_restarts,
+                max_restarts=s.max_restarts,
                 run_id=self.run_id,
-                role_name=job.role_name,
-                rendezvous_timeout=job.rendezvous_timeout,
-                local_rank_scope=job.local_rank_scope,
+                rendezvous_timeout=s.rendezvous_timeout_seconds,
+                local_rank_scope=scope,
             )
             popen = subprocess.Popen(
-                [self.python, "-m", "monarch_spmd.payload.worker", "--", *job.args],
-                env={**base, **inputs, **job.env},
+                [self.python, "-m", "monarch_spmd.payload.worker", "--", *s.args],
+                env={**base, **inputs, **_gpu_env(job, rank, {**base, **self.env}), **self.env},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -369,14 +415,6 @@ class _Gang:
         self.selector.close()
 
 
-def _restartable(code: int, job: LocalJob) -> bool:
-    if code == worker.EX_USAGE or code in job.permanent_exit_codes:
-        return False
-    if job.retryable_exit_codes and code not in job.retryable_exit_codes and code != worker.EX_TEMPFAIL:
-        return False
-    return True
-
-
 def run(
     job: LocalJob,
     *,
@@ -394,82 +432,69 @@ def run(
         stdout, stderr: where the prefixed output goes (default the process's own).
         grace_period: seconds between SIGTERM and SIGKILL when stopping ranks.
         run_id: TORCHELASTIC_RUN_ID (default ``<job name>-<8 hex digits>``, stable across restarts).
+
+    Raises:
+        LocalRunError: for a spec field that cannot be honoured locally (nothing is started).
     """
+    env, notes = check_local(job)
     output = _Output(stdout or sys.stdout, stderr or sys.stderr)
     run_id = run_id or f"{job.name}-{uuid.uuid4().hex[:8]}"
     exe = python or sys.executable
-    world = contract.world_size(job.mesh)
+    s = job.spec
+    world = s.world_size
+    for message in notes:
+        output.note(message)
+    deadline = time.monotonic() + s.active_deadline_seconds if s.active_deadline_seconds else None
 
     def interrupted(signum: int, _frame: object) -> None:
         raise _Interrupted(signum)
 
     handlers: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
-        handlers = {s: signal.signal(s, interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
+        handlers = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         attempt = 0
         while True:
-            gang = _Gang(job, attempt, run_id, exe, output, grace_period)
+            gang = _Gang(job, env, attempt, run_id, exe, output, grace_period)
             output.note(
                 f"attempt {attempt}: {world} ranks of mesh {contract.format_mesh(job.mesh)}, master "
                 f"{LOCAL_MASTER_ADDR}:{gang.port}, run id {run_id}"
             )
+            expired = False
             try:
                 gang.start()
                 while gang.step():
-                    pass
+                    if deadline is not None and not expired and time.monotonic() >= deadline:
+                        expired = True
+                        output.note(f"activeDeadlineSeconds ({s.active_deadline_seconds}s) passed; stopping all ranks")
+                        gang.stop()
             except _Interrupted as e:
                 name = signal.Signals(e.signum).name
                 output.note(f"{name} received; stopping all ranks")
-                for s in handlers:
-                    signal.signal(s, signal.SIG_IGN)
+                for sig in handlers:
+                    signal.signal(sig, signal.SIG_IGN)
                 gang.stop()
                 while gang.step():
                     pass
                 return 128 + e.signum
             finally:
                 gang.finish()
+            if expired:
+                output.note(f"job failed: DeadlineExceeded (active longer than {s.active_deadline_seconds}s)")
+                return EX_DEADLINE
             failure = gang.first_failure
             if failure is None:
                 output.note(f"all {world} ranks succeeded")
                 return 0
             code = failure.code if failure.code is not None else 1
-            if attempt < job.max_restarts and _restartable(code, job):
+            permanent = policy.is_permanent(s, code, None)
+            if attempt < s.max_restarts and not permanent:
                 attempt += 1
-                output.note(f"restarting the gang (restart {attempt} of at most {job.max_restarts})")
+                output.note(f"restarting the gang (restart {attempt} of at most {s.max_restarts})")
                 continue
-            why = "" if _restartable(code, job) else " (not retryable)"
+            why = " (not retryable)" if permanent else ""
             output.note(f"job failed: rank {failure.rank} exited with code {code}{why}")
             return code
     finally:
-        for s, handler in handlers.items():
-            signal.signal(s, handler)
-
-
-def job_from_args(
-    mesh: str | None,
-    args: Sequence[str],
-    manifest: str | None = None,
-    **overrides: Any,
-) -> LocalJob:
-    """A :class:`LocalJob` from the CLI's pieces: a manifest and/or ``--mesh``, argv, overrides.
-
-    Values given on the command line (a non-empty ``args``, ``mesh``, and overrides that are not
-    None) win over the manifest's.
-    """
-    if manifest:
-        job = load_manifest(manifest)
-        if mesh:
-            job.mesh = contract.parse_mesh(mesh)
-        if args:
-            worker.command_for(args)
-            job.args = list(args)
-    else:
-        if not mesh:
-            raise ValueError("mesh: give --mesh NAME=SIZE,... (e.g. hosts=2,gpus=2) or -f job.yaml")
-        job = LocalJob(mesh=contract.parse_mesh(mesh), args=list(args))
-    for key, value in overrides.items():
-        if value is not None:
-            setattr(job, key, value)
-    job.__post_init__()
-    return job
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)

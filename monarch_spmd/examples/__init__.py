@@ -8,6 +8,7 @@ library and torch, so the same file runs under ``monarch-spmd run``, in an SPMDJ
 
 * ``allreduce``: gloo all_reduce of rank+1, checks the sum.
 * ``ddp_step``: one DistributedDataParallel step on a tiny model, checks the gradients agree.
-* ``check_env``: checks every torchrun contract variable against the mesh.
-* ``fail_once``: exits with a chosen code on a chosen rank (on the first attempt only, or always).
+
+The test suite's own programs (``check_env``, which checks every contract variable, and
+``fail_once``) live in ``tests/programs``.
 """

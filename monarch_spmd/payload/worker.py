@@ -308,29 +308,43 @@ def build_env(inputs: WorkerInputs, base_env: Mapping[str, str]) -> dict[str, st
     )
 
 
+ARGV_HINT: Final = "expected ['-m', MODULE, ARGS...] or [SCRIPT, ARGS...]"
+
+
+def argv_error(argv: Sequence[str]) -> str | None:
+    """What is wrong with a training argv, or None: THE statement of the argv rule.
+
+    A training argv is ``["-m", MODULE, ARGS...]`` (MODULE not empty) or ``[SCRIPT, ARGS...]``
+    (SCRIPT not empty and not an option). :func:`command_for`, the SPMDJob spec
+    (:mod:`monarch_spmd.spec`, whose CRD renders the same rule in CEL) and so the local runner
+    and the operator all check it through this function.
+    """
+    args = list(argv)
+    if not args:
+        return f"empty; {ARGV_HINT}"
+    if args[0] == "-m":
+        if len(args) < 2 or not args[1]:
+            return f"'-m' needs a module name after it, e.g. -m train --lr 0.001; {ARGV_HINT}"
+        return None
+    if not args[0] or args[0].startswith("-"):
+        return f"{args[0]!r} is not a script path or '-m'; {ARGV_HINT}"
+    return None
+
+
 def command_for(argv: Sequence[str], python: str | None = None) -> list[str]:
     """The child command for a training argv: ``[python, "-m", mod, ...]`` or ``[python, path, ...]``.
 
-    A leading ``--`` is dropped. Raises :class:`WorkerInputError` for an empty argv, ``-m`` without
-    a module, or another option where the script should be.
+    A leading ``--`` is dropped. Raises :class:`WorkerInputError` for what :func:`argv_error`
+    refuses: an empty argv, ``-m`` without a module, an empty script or an option where the
+    script should be.
     """
     args = list(argv)
     if args and args[0] == "--":
         args = args[1:]
-    exe = python or sys.executable
-    if not args:
-        raise WorkerInputError(
-            "argv: empty; expected '-m MODULE [ARGS...]' or 'SCRIPT.py [ARGS...]' after '--'"
-        )
-    if args[0] == "-m":
-        if len(args) < 2 or not args[1]:
-            raise WorkerInputError("argv: '-m' needs a module name, e.g. -m train --lr 0.001")
-        return [exe, "-m", *args[1:]]
-    if args[0].startswith("-"):
-        raise WorkerInputError(
-            f"argv: {args[0]!r} is not valid here; expected '-m MODULE [ARGS...]' or 'SCRIPT.py [ARGS...]'"
-        )
-    return [exe, *args]
+    error = argv_error(args)
+    if error:
+        raise WorkerInputError(f"argv: {error}")
+    return [python or sys.executable, *args]
 
 
 def wait_for_master(addr: str, port: int, *, timeout: float, poll_interval: float = 0.5) -> None:

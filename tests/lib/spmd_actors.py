@@ -12,7 +12,7 @@ from datetime import timedelta
 
 from monarch.actor import Actor, endpoint
 
-from monarch_spmd.examples.check_env import CONTRACT_VARS  # the variables a rank must see
+from tests.programs.check_env import CONTRACT_VARS  # the variables a rank must see
 
 
 class Probe(Actor):

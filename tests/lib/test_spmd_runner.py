@@ -6,13 +6,14 @@ from __future__ import annotations
 import re
 import signal
 import textwrap
+import time
 
 from monarch_spmd.payload import worker
 from monarch_spmd.examples import allreduce
 
 from .conftest import alive, cli_cmd, pids_in, run, script, wait_dead
 
-EXAMPLES = "monarch_spmd.examples"
+EXAMPLES = "tests.programs"
 
 
 def ranks_ok(stdout: str, world: int) -> set[int]:
@@ -105,7 +106,7 @@ def test_bad_command_lines_are_refused_with_the_reason():
     no_argv = run(cli_cmd("run", "--mesh", "hosts=2"))
     assert no_argv.returncode == 2 and "training argv" in no_argv.stderr
     dash_m = run(cli_cmd("run", "--mesh", "hosts=2", "--", "-m"))
-    assert dash_m.returncode == 2 and "argv" in dash_m.stderr
+    assert dash_m.returncode == 2 and "spec.args" in dash_m.stderr
 
 
 def test_a_script_path_runs_an_allreduce():
@@ -196,3 +197,108 @@ def test_sigterm_to_the_runner_stops_every_rank(spawn):
     # The worker forwarded SIGTERM to the training process, which handled it.
     assert "[rank 0] got SIGTERM" in proc.text
     assert wait_dead(pids) == set()
+
+
+def start_times(out: str) -> dict[int, float]:
+    return {int(r): float(t) for r, t in re.findall(r"preinit start rank (\d+) t=([\d.]+)", out)}
+
+
+def test_every_rank_starts_at_once_so_work_before_init_runs_in_parallel():
+    # As under torchrun: no rank waits for rank 0's TCPStore before its program starts.
+    began = time.monotonic()
+    result = run(cli_cmd("run", "--mesh", "procs=3", "--", "-m", f"{EXAMPLES}.preinit", "--work", "4"))
+    took = time.monotonic() - began
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    starts = start_times(out)
+    assert sorted(starts) == [0, 1, 2], out
+    assert max(starts.values()) - min(starts.values()) < 2.0, starts
+    assert out.count("preinit done rank") == 3
+    assert took < 4 * 3, f"{took:.1f}s: the ranks' work was serialised"
+
+
+def test_a_rank_failing_before_rank_0_listens_fails_the_gang_at_once():
+    began = time.monotonic()
+    result = run(cli_cmd("run", "--mesh", "gpus=2", "--", "-m", f"{EXAMPLES}.preinit", "--work", "300",
+                         "--fail-rank", "1", "--fail-code", "7"), timeout=120)
+    took = time.monotonic() - began
+    out = result.stdout + result.stderr
+    assert result.returncode == 7, out
+    assert "rank 1 exited with code 7; stopping the other ranks" in out
+    assert took < 30, f"{took:.1f}s"
+
+
+def manifest_file(tmp_path, spec_yaml: str):
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        "apiVersion: spmd.monarch.dev/v1alpha1\nkind: SPMDJob\nmetadata: {name: local-rules}\nspec:\n"
+        + textwrap.indent(textwrap.dedent(spec_yaml), "  ")
+    )
+    return str(path)
+
+
+def test_active_deadline_is_honoured_locally(tmp_path):
+    job = manifest_file(tmp_path, f"""\
+        mesh: [{{name: procs, size: 2}}]
+        args: ["-m", "{EXAMPLES}.fail_once", "--rank", "9", "--sleep", "600"]
+        image: unused:1
+        activeDeadlineSeconds: 3
+        """)
+    began = time.monotonic()
+    result = run(cli_cmd("run", "-f", job, "--grace-period", "2"), timeout=120)
+    out = result.stdout + result.stderr
+    assert result.returncode == 124, out
+    assert "activeDeadlineSeconds (3s) passed" in out and "DeadlineExceeded" in out
+    assert time.monotonic() - began < 60
+
+
+def test_suspend_and_cluster_only_env_are_refused_naming_the_field(tmp_path):
+    suspended = manifest_file(tmp_path, """\
+        mesh: [{name: procs, size: 1}]
+        args: [x.py]
+        image: i
+        suspend: true
+        """)
+    result = run(cli_cmd("run", "-f", suspended))
+    assert result.returncode == 2 and "spec.suspend" in result.stderr, result.stderr
+    secret = manifest_file(tmp_path, """\
+        mesh: [{name: procs, size: 1}]
+        args: [x.py]
+        image: i
+        template:
+          spec:
+            containers:
+              - name: trainer
+                env: [{name: TOKEN, valueFrom: {secretKeyRef: {name: s, key: k}}}]
+        """)
+    result = run(cli_cmd("run", "-f", secret))
+    assert result.returncode == 2 and "spec.template.spec.containers[0].env[0].valueFrom" in result.stderr, result.stderr
+
+
+def test_what_has_no_local_meaning_is_said_not_silently_dropped(tmp_path):
+    job = manifest_file(tmp_path, f"""\
+        mesh: [{{name: procs, size: 1}}]
+        args: ["{script('exit_with.py')}", "0"]
+        image: registry.example/train:1
+        template:
+          spec:
+            nodeSelector: {{pool: gpu}}
+        """)
+    result = run(cli_cmd("run", "-f", job))
+    assert result.returncode == 0, result.stderr
+    assert "not used locally" in result.stderr
+    assert "spec.image (registry.example/train:1)" in result.stderr and "spec.template.spec.nodeSelector" in result.stderr
+
+
+def test_retryable_exit_codes_are_the_operators_rule(tmp_path):
+    # 64 is permanent by default, but listed as retryable it is retried: on the cluster and here.
+    job = manifest_file(tmp_path, f"""\
+        mesh: [{{name: procs, size: 2}}]
+        args: ["-m", "{EXAMPLES}.fail_once", "--rank", "1", "--code", "64"]
+        image: i
+        restartPolicy: {{maxRestarts: 1, retryableExitCodes: [64]}}
+        """)
+    result = run(cli_cmd("run", "-f", job))
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert "restarting the gang (restart 1 of at most 1)" in out

@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import socket
 import sys
 import threading
 import time
+
+import pytest
 
 from monarch_spmd.payload import worker
 
@@ -22,17 +23,16 @@ def child_json(stdout: str) -> dict:
 
 
 def test_the_child_gets_the_contract_env_and_its_argv():
-    with socket.create_server(("127.0.0.1", 0)) as master:  # ranks > 0 wait for the master
-        port = master.getsockname()[1]
-        env = worker_inputs(
-            "hosts=2,gpus=2",
-            "1,1",
-            port,
-            MONARCH_SPMD_RESTART_COUNT="1",
-            MONARCH_SPMD_MAX_RESTARTS="2",
-            MONARCH_SPMD_RUN_ID="uid-7",
-        )
-        result = run(worker_cmd(script("print_env.py"), "--lr", "0.1"), env)
+    port = free_port()
+    env = worker_inputs(
+        "hosts=2,gpus=2",
+        "1,1",
+        port,
+        MONARCH_SPMD_RESTART_COUNT="1",
+        MONARCH_SPMD_MAX_RESTARTS="2",
+        MONARCH_SPMD_RUN_ID="uid-7",
+    )
+    result = run(worker_cmd(script("print_env.py"), "--lr", "0.1"), env)
     assert result.returncode == 0, result.stderr
     out = child_json(result.stdout)
     assert out["argv"] == [script("print_env.py"), "--lr", "0.1"]
@@ -47,15 +47,14 @@ def test_the_child_gets_the_contract_env_and_its_argv():
 
 
 def test_a_module_argv_runs_with_dash_m():
-    result = run(worker_cmd("-m", "monarch_spmd.examples.check_env", "--no-gloo"), worker_inputs("gpus=1", "0"))
+    result = run(worker_cmd("-m", "tests.programs.check_env", "--no-gloo"), worker_inputs("gpus=1", "0"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "check_env rank 0/1: ok" in result.stdout
 
 
 def test_pod_scope_gives_local_rank_zero():
-    with socket.create_server(("127.0.0.1", 0)) as master:
-        env = worker_inputs("hosts=2,gpus=4", "1,3", master.getsockname()[1], MONARCH_SPMD_LOCAL_RANK_SCOPE="pod")
-        result = run(worker_cmd(script("print_env.py")), env)
+    env = worker_inputs("hosts=2,gpus=4", "1,3", MONARCH_SPMD_LOCAL_RANK_SCOPE="pod")
+    result = run(worker_cmd(script("print_env.py")), env)
     e = child_json(result.stdout)["env"]
     assert (e["RANK"], e["WORLD_SIZE"], e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"], e["GROUP_RANK"]) == ("7", "8", "0", "1", "7")
 
@@ -87,11 +86,11 @@ def test_the_console_script_runs_the_worker():
 
 
 def test_the_shipped_files_run_as_a_script_without_the_project_installed(tmp_path):
-    # What a pod has: the three files of the worker ConfigMap, no project, no site-packages.
-    pkg = tmp_path / "opt" / "monarch-spmd" / "monarch_spmd"
+    # What a pod has: the payload's files from the worker ConfigMap, no project, no site-packages.
+    pkg = tmp_path / "opt" / "monarch-spmd" / "payload"
     pkg.mkdir(parents=True)
-    for name in ("__init__.py", "contract.py", "worker.py"):
-        shutil.copy(ROOT / "monarch_spmd" / name, pkg / name)
+    for path in (ROOT / "monarch_spmd" / "payload").glob("*.py"):
+        shutil.copy(path, pkg / path.name)
     env = worker_inputs("hosts=2", "0")
     env.pop("PYTHONPATH", None)
     result = run([sys.executable, "-S", str(pkg / "worker.py"), "--", script("print_env.py")], env, cwd=tmp_path)
@@ -121,43 +120,39 @@ def test_dash_m_alone_and_empty_argv_are_exit_64():
         assert "argv" in result.stderr
 
 
-def test_rank_zero_does_not_wait_for_its_own_port():
-    # Nothing listens on the port: rank 0 starts its script at once (it is the one to listen).
-    env = worker_inputs("hosts=2", "0", free_port(), MONARCH_SPMD_RENDEZVOUS_TIMEOUT="60")
+@pytest.mark.parametrize("coords", ["0", "1"])
+def test_no_rank_waits_for_the_masters_port(coords):
+    # Nothing listens on the port: every rank starts its program at once, as under torchrun
+    # (torch's TCPStore client retries a refused connection by itself).
+    env = worker_inputs("hosts=2", coords, free_port(), MONARCH_SPMD_RENDEZVOUS_TIMEOUT="60")
+    started = time.monotonic()
     result = run(worker_cmd(script("exit_with.py"), "0"), env, timeout=50)
-    assert result.returncode == 0
-
-
-def test_a_master_that_appears_late_is_waited_for():
-    port = free_port()
-    accepted: list[bool] = []
-
-    def late_master() -> None:
-        time.sleep(3)
-        with socket.create_server(("127.0.0.1", port)) as server:
-            server.settimeout(60)
-            conn, _ = server.accept()  # the worker's probe
-            accepted.append(True)
-            conn.close()
-
-    thread = threading.Thread(target=late_master, daemon=True)
-    thread.start()
-    env = worker_inputs("hosts=2", "1", port, MONARCH_SPMD_RENDEZVOUS_TIMEOUT="60")
-    result = run(worker_cmd(script("exit_with.py"), "0"), env)
-    thread.join(30)
     assert result.returncode == 0, result.stderr
-    assert accepted == [True]
+    assert f"exit_with rank {coords}" in result.stdout
+    assert time.monotonic() - started < 20, "the program ran without waiting out the rendezvous timeout"
+
+
+def test_a_master_name_that_resolves_late_is_waited_for(tmp_path):
+    # The worker runs in a private mount namespace whose /etc/hosts learns the name after 3 s,
+    # as a headless Service's DNS record appears some time after its pod started.
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n")
+    env = worker_inputs("hosts=2", "1", free_port(), addr="late-master.test", MONARCH_SPMD_RENDEZVOUS_TIMEOUT="60")
+    shell = f'mount --bind {hosts} /etc/hosts && exec "$@"'
+    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", shell, "sh", *worker_cmd(script("exit_with.py"), "0")]
+
+    def learn() -> None:
+        time.sleep(3)
+        hosts.write_text("127.0.0.1 localhost\n127.0.0.1 late-master.test\n")
+
+    thread = threading.Thread(target=learn, daemon=True)
+    started = time.monotonic()
+    thread.start()
+    result = run(cmd, env, timeout=60)
+    thread.join(10)
+    assert result.returncode == 0, result.stderr
     assert "exit_with rank 1" in result.stdout
-
-
-def test_a_port_that_never_accepts_ends_in_a_clear_message_and_75():
-    port = free_port()
-    env = worker_inputs("hosts=2", "1", port, MONARCH_SPMD_RENDEZVOUS_TIMEOUT="2")
-    result = run(worker_cmd(script("exit_with.py"), "0"), env, timeout=60)
-    assert result.returncode == worker.EX_TEMPFAIL == 75
-    assert f"127.0.0.1:{port}" in result.stderr
-    assert "within 2s" in result.stderr and "MONARCH_SPMD_RENDEZVOUS_TIMEOUT" in result.stderr
-    assert "exit_with" not in result.stdout
+    assert time.monotonic() - started >= 3, "it waited for the name"
 
 
 def test_a_name_that_never_resolves_ends_in_a_clear_message_and_75():
@@ -168,7 +163,7 @@ def test_a_name_that_never_resolves_ends_in_a_clear_message_and_75():
 
 
 def test_interrupting_the_wait_exits_without_running_the_child(spawn):
-    env = worker_inputs("hosts=2", "1", free_port(), MONARCH_SPMD_RENDEZVOUS_TIMEOUT="300")
+    env = worker_inputs("hosts=2", "1", free_port(), addr="no-such-master.invalid", MONARCH_SPMD_RENDEZVOUS_TIMEOUT="300")
     proc = spawn(worker_cmd(script("exit_with.py"), "0"), env=env)
     proc.wait_for(r"worker: rank 1/2")
     proc.proc.send_signal(signal.SIGINT)

@@ -20,7 +20,7 @@ OMP_NUM_THREADS             ``--omp-num-threads``         "1" when LOCAL_WORLD_S
 
 Then it joins a gloo process group (env://) and checks that the ranks gathered from all procs are
 exactly 0..WORLD_SIZE-1: this exercises MASTER_ADDR/MASTER_PORT for real, and under the worker it
-is also what ranks other than 0 wait for (rank 0's TCPStore accepting on MASTER_PORT).
+makes every rank wait in init_process_group for rank 0's TCPStore, as under torchrun.
 ``--no-gloo`` checks the variables only (one proc, or procs whose env was set without a worker,
 such as Monarch's ``setup_torch_elastic_env``). Prints one line per rank.
 """

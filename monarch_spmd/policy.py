@@ -1,0 +1,146 @@
+"""The rules the laptop and the cluster must apply alike: failure classes, trainer, GPUs, env.
+
+Where it sits: above :mod:`monarch_spmd.spec` (it reads a parsed :class:`~monarch_spmd.spec.JobSpec`)
+and the payload, below both the local runner (:mod:`monarch_spmd.runner`) and the operator's
+builders and lifecycle (``spmd_operator``), which import these functions instead of keeping
+their own copies. Standard library only.
+
+Failure classes, in order (the first that matches decides):
+
+1. a reason in ``restartPolicy.permanentReasons``, or one no waiting fixes
+   (:data:`FATAL_REASONS`): permanent;
+2. a disruption (:func:`is_disruption`: preemption, eviction, node drain or loss): retryable,
+   and it does not use up ``maxRestarts``;
+3. an exit code in ``permanentExitCodes``: permanent; in ``retryableExitCodes``: retryable
+   (what the user lists explicitly wins over the defaults below);
+4. the worker's 64 (bad input): permanent; its 75 (MASTER_ADDR never resolved): retryable;
+5. when ``retryableExitCodes`` is non-empty, any other exit code: permanent;
+6. anything else (another exit code, a pod lost): retryable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from .payload.names import EX_TEMPFAIL, EX_USAGE, TRAINER_CONTAINER
+from .payload.worker import SCOPE_MESH, SCOPE_POD
+from .spec import JobSpec
+
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+
+#: Pod or container reasons that no amount of waiting or retrying fixes.
+FATAL_REASONS: Final = frozenset({"InvalidImageName", "ErrImageNeverPull"})
+
+#: Reasons of the pod condition ``DisruptionTarget`` (and of pod status) that mean the pod was
+#: taken away by the cluster, not failed by the program: preemption, API-initiated eviction
+#: (``kubectl drain``), taint-based eviction, pod GC after node loss, kubelet node-pressure or
+#: graceful node shutdown. Kubernetes Job's podFailurePolicy and JobSet treat these alike.
+DISRUPTION_REASONS: Final = frozenset(
+    {
+        "PreemptionByScheduler",
+        "PreemptionByKubeScheduler",
+        "EvictionByEvictionAPI",
+        "DeletionByTaintManager",
+        "DeletionByPodGC",
+        "TerminationByKubelet",
+        "Evicted",
+        "Terminated",
+        "NodeLost",
+    }
+)
+
+
+def is_disruption(reason: str | None) -> bool:
+    """Whether a pod failure ``reason`` means the cluster took the pod away (see DISRUPTION_REASONS)."""
+    return bool(reason) and reason in DISRUPTION_REASONS
+
+
+def is_permanent(spec: JobSpec, exit_code: int | None, reason: str | None) -> bool:
+    """Whether a failure with this exit code and reason fails the job without a restart.
+
+    See the module docstring for the order of the rules. ``exit_code`` is None when the pod was
+    lost without a container exit code (deleted, evicted, its node gone).
+    """
+    if reason and (reason in spec.permanent_reasons or reason in FATAL_REASONS):
+        return True
+    if is_disruption(reason):
+        return False
+    if exit_code is None or exit_code == 0:
+        return False
+    if exit_code in spec.permanent_exit_codes:
+        return True
+    if exit_code in spec.retryable_exit_codes:
+        return False
+    if exit_code == EX_USAGE:
+        return True
+    if exit_code == EX_TEMPFAIL:
+        return False
+    return bool(spec.retryable_exit_codes)
+
+
+def trainer_container(template: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The pod template's container that becomes the proc's container: ``trainer`` or unnamed."""
+    for container in (template.get("spec") or {}).get("containers") or []:
+        if isinstance(container, Mapping) and container.get("name") in (None, TRAINER_CONTAINER):
+            return container
+    return None
+
+
+def _gpus_of(container: Mapping[str, Any]) -> bool:
+    resources = container.get("resources") or {}
+    for kind in ("limits", "requests"):
+        value = (resources.get(kind) or {}).get(GPU_RESOURCE)
+        if value is not None and str(value).strip() not in ("", "0"):
+            return True
+    return False
+
+
+def local_rank_scope(spec: JobSpec) -> str:
+    """``pod`` when each pod of one proc holds GPUs, else ``mesh`` (see the worker's table).
+
+    GPUs are held when ``gpusPerProc`` is at least 1 or the trainer container of the template
+    asks for ``nvidia.com/gpu``. With ``pod`` every proc is its own torchrun node (LOCAL_RANK=0,
+    LOCAL_WORLD_SIZE=1), so ``torch.cuda.set_device(LOCAL_RANK)`` picks the one GPU it sees.
+    """
+    if spec.gpus_per_proc >= 1:
+        return SCOPE_POD
+    trainer = trainer_container(spec.template)
+    if trainer is not None and _gpus_of(trainer):
+        return SCOPE_POD
+    return SCOPE_MESH
+
+
+class UnsupportedLocally(ValueError):
+    """A spec field that has no meaning off the cluster; the message names it and says why."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def trainer_env(spec: JobSpec) -> dict[str, str]:
+    """The plain ``env`` values of the trainer container, for processes off the cluster.
+
+    Raises:
+        UnsupportedLocally: for a variable taken from the cluster (``valueFrom``) and for
+            ``envFrom``, naming the field: no local value exists for them.
+    """
+    trainer = trainer_container(spec.template)
+    if trainer is None:
+        return {}
+    index = next(i for i, c in enumerate((spec.template.get("spec") or {}).get("containers") or []) if c is trainer)
+    path = f"spec.template.spec.containers[{index}]"
+    if trainer.get("envFrom"):
+        raise UnsupportedLocally(f"{path}.envFrom", "reads ConfigMaps or Secrets of a cluster; set the variables with env values to run locally")
+    env: dict[str, str] = {}
+    for j, item in enumerate(trainer.get("env") or []):
+        if not isinstance(item, Mapping):
+            continue
+        if "valueFrom" in item:
+            raise UnsupportedLocally(
+                f"{path}.env[{j}].valueFrom",
+                f"{item.get('name')} comes from the cluster (valueFrom); give it a value to run locally",
+            )
+        env[str(item["name"])] = str(item.get("value", ""))
+    return env
