@@ -1,14 +1,37 @@
-"""The SPMDJob spec: its defaults, its parser and its validation, shared by cluster and laptop.
+"""The SPMDJob spec: ONE table of its fields and rules, from which come the CRD, the parser and the validator.
 
-Where it sits: above :mod:`monarch_spmd.payload.contract` and :mod:`monarch_spmd.worker` (it reuses the
-mesh validation of the one and the variable names of the other), below the local runner and the
-Kubernetes operator (``spmd_operator``), which both read an SPMDJob through
-:func:`parse_job_spec` / :func:`load_manifest`. Standard library only.
+Where it sits: above :mod:`monarch_spmd.schema` (the toolkit the table is written in) and the
+payload (:mod:`.payload.contract`, :mod:`.payload.names`, and :func:`.payload.worker.argv_error`,
+the one statement of the argv rule), below the local runner, ``monarch-spmd validate``
+(:mod:`monarch_spmd.validate`) and the Kubernetes operator (``spmd_operator``), which all read an
+SPMDJob through :func:`parse_job_spec` / :func:`load_manifest`. Standard library only.
 
-The CustomResourceDefinition (``crds/spmd.monarch.dev_spmdjobs.yaml``) rejects most bad input at
-admission; this module checks the same rules again (for the local runner, which has no API
-server) and what the CRD cannot express: the contents of the free-form pod template. Every error
-is a :class:`SpecError` naming the field path (``spec.mesh[1].size``) and what would be valid.
+The table is :data:`ROOT` (the whole object; :data:`SPEC` and :data:`STATUS` are its parts). Every
+field is one entry: its type, default, bounds, description (the ``kubectl explain`` text) and
+:class:`~monarch_spmd.schema.Rule` objects for what one field's schema cannot say. From it:
+
+- ``python -m monarch_spmd.crd`` writes ``crds/spmd.monarch.dev_spmdjobs.yaml`` (schema, CEL rules,
+  printer columns); ``tests/unit/test_crd.py`` fails when the committed file differs;
+- :func:`parse_job_spec` / :func:`load_manifest` / :func:`check_manifest` check a manifest exactly
+  as the API server checks a create with field validation Strict (``kubectl apply``): unknown
+  fields, types, required fields, defaults, bounds, patterns, the CEL rules and the job-name
+  rule; ``tests/e2e/test_spec_parity.py`` feeds hundreds of random manifests to both and
+  requires the same verdict on each. The values are taken as kubectl sends them (a whole number
+  written ``3.0`` is the integer 3).
+
+The pod template (``spec.template.spec``) is a PodSpec the API server keeps as it is, except for the
+few properties the table declares so CEL can check them: ``restartPolicy`` (Never or unset), and
+per container ``name``, ``image``, ``command``, ``args`` and ``env[].name`` (the ``trainer``
+container, or the one without a name, must not set image, command or args, nor a MONARCH_SPMD_*
+variable other than MONARCH_SPMD_ROLE_NAME and MONARCH_SPMD_LOCAL_RANK_SCOPE; at most one trainer
+container). What neither the API server nor this module can check before a pod exists, the
+validity of the PodSpec itself (resources, volumes, label syntax in ``template.metadata`` ...),
+is refused when the operator creates the first pod, and the job fails with reason InvalidSpec. It
+is outside the parity claim.
+
+To add a field: add one entry to the table below (and, for the parser's users, the attribute of
+the same snake_case name to :class:`JobSpec`), then regenerate the CRD (``bash
+scripts/gen-crd.sh``); a unit test checks that the table and JobSpec agree.
 
 A spec in one picture (camelCase as in the manifest; defaults shown)::
 
@@ -21,7 +44,8 @@ A spec in one picture (camelCase as in the manifest; defaults shown)::
       gpusPerProc: 0
       colocate: false
       restartPolicy: {maxRestarts: 3, permanentExitCodes: [], retryableExitCodes: [],
-                      permanentReasons: []}
+                      permanentReasons: [], podReplacementPolicy: Failed,
+                      replacementTimeoutSeconds: 120}
       rendezvousTimeoutSeconds: 300
       activeDeadlineSeconds: null
       ttlSecondsAfterFinished: null
@@ -32,17 +56,22 @@ A spec in one picture (camelCase as in the manifest; defaults shown)::
 from __future__ import annotations
 
 import copy
+import dataclasses
+import random
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
-from .payload import contract, names
+from . import schema
+from .payload import contract, names, worker
+from .schema import MISSING, Arr, Bool, Int, Matches, Obj, ObjectMeta, Pattern, Rule, Str
 
 GROUP: Final = names.GROUP
 VERSION: Final = names.VERSION
 API_VERSION: Final = names.API_VERSION
 KIND: Final = names.KIND
+PLURAL: Final = names.PLURAL
 
 #: A job's name is a DNS-1035 label of at most this many characters, so that every child's name
 #: (``<job>-r<restart>-<rank>``, ``<job>-master``, ``<job>-worker``) stays a valid DNS label.
@@ -53,6 +82,17 @@ MAX_DIM_NAME_LENGTH: Final = 57
 MAX_RESTARTS_LIMIT: Final = 100
 MAX_GPUS_PER_PROC: Final = 16
 MAX_RENDEZVOUS_TIMEOUT: Final = 86400
+MAX_REPLACEMENT_TIMEOUT: Final = 86400
+MAX_ARGS: Final = 4096
+MAX_EXIT_CODES: Final = 256
+MAX_PERMANENT_REASONS: Final = 32
+MAX_REASON_LENGTH: Final = 128
+MAX_IMAGE_LENGTH: Final = 4096
+MAX_PYTHON_LENGTH: Final = 1024
+#: Containers of the pod template, and env entries of each: bounds the CEL rules over them need
+#: (the API server refuses a rule whose cost it cannot bound).
+MAX_CONTAINERS: Final = 64
+MAX_CONTAINER_ENV: Final = 1024
 #: The container of the pod template that the operator merges into (the others are sidecars).
 TRAINER_CONTAINER: Final = names.TRAINER_CONTAINER
 
@@ -60,13 +100,25 @@ DEFAULT_PYTHON: Final = "python3"
 DEFAULT_MASTER_PORT: Final = 29500
 DEFAULT_MAX_RESTARTS: Final = 3
 DEFAULT_RENDEZVOUS_TIMEOUT: Final = 300
+#: spec.restartPolicy.podReplacementPolicy (the Kubernetes Job naming).
+POD_REPLACEMENT_FAILED: Final = "Failed"
+POD_REPLACEMENT_TERMINATING_OR_FAILED: Final = "TerminatingOrFailed"
+POD_REPLACEMENT_POLICIES: Final = (POD_REPLACEMENT_FAILED, POD_REPLACEMENT_TERMINATING_OR_FAILED)
+DEFAULT_POD_REPLACEMENT_POLICY: Final = POD_REPLACEMENT_FAILED
+DEFAULT_REPLACEMENT_TIMEOUT: Final = 120
 
 #: Worker input variables a user may set in the template's ``trainer`` container (the user's value
 #: wins). Every other ``MONARCH_SPMD_*`` variable belongs to the operator and is rejected.
 USER_SETTABLE_VARS: Final = names.USER_SETTABLE_VARS
 _RESERVED_PREFIX: Final = names.RESERVED_PREFIX
 
-_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS_1035_LABEL: Final = Pattern("^[a-z]([-a-z0-9]*[a-z0-9])?$")
+#: An image reference: printable ASCII, no spaces (what a container runtime can pull).
+IMAGE_REFERENCE: Final = Pattern("^[!-~]+$")
+#: An interpreter name or path: no whitespace, no control character.
+INTERPRETER: Final = Pattern(r"^[^\x00-\x20\x7f]+$")
+#: A pod or container reason as Kubernetes reports it: OOMKilled, Evicted, OutOfnvidia.com/gpu.
+REASON: Final = Pattern("^[A-Za-z][-A-Za-z0-9_.:/]*$")
 
 
 class SpecError(ValueError):
@@ -98,6 +150,9 @@ class MeshDim:
 class JobSpec:
     """A parsed, validated SPMDJob spec (the blueprint; pods are its instances).
 
+    Each attribute is the snake_case name of a field of the table (``restartPolicy``'s fields
+    directly); the table's descriptions say what they mean.
+
     Attributes:
         mesh: the ordered mesh; the last dimension is the local one.
         args: the training argv, ``("-m", module, ...)`` or ``(script, ...)``.
@@ -108,10 +163,14 @@ class JobSpec:
             node (LOCAL_RANK=0, LOCAL_WORLD_SIZE=1).
         colocate: prefer to schedule the procs sharing the first mesh coordinate on one node.
         max_restarts: how many times the whole gang may be replaced after a retryable failure.
-        permanent_exit_codes: exit codes that fail the job at once.
+        permanent_exit_codes: exit codes that fail the job at once (duplicates dropped).
         retryable_exit_codes: if non-empty, the only exit codes (besides pod loss and the
             worker's 75) that restart the gang; any other code is then permanent.
         permanent_reasons: pod or container reasons (e.g. ``OOMKilled``) that fail the job at once.
+        pod_replacement_policy: ``Failed`` (the next attempt waits until every pod of the previous
+            one has terminated) or ``TerminatingOrFailed`` (it is created at once).
+        replacement_timeout_seconds: with ``Failed``, how long the next attempt waits for the old
+            pods before it is created anyway.
         rendezvous_timeout_seconds: how long a worker waits for the master to resolve and accept.
         active_deadline_seconds: the job fails with DeadlineExceeded after running this long.
         ttl_seconds_after_finished: the job is deleted this long after it finished.
@@ -130,6 +189,8 @@ class JobSpec:
     permanent_exit_codes: tuple[int, ...] = ()
     retryable_exit_codes: tuple[int, ...] = ()
     permanent_reasons: tuple[str, ...] = ()
+    pod_replacement_policy: str = DEFAULT_POD_REPLACEMENT_POLICY
+    replacement_timeout_seconds: int = DEFAULT_REPLACEMENT_TIMEOUT
     rendezvous_timeout_seconds: int = DEFAULT_RENDEZVOUS_TIMEOUT
     active_deadline_seconds: int | None = None
     ttl_seconds_after_finished: int | None = None
@@ -155,186 +216,554 @@ class Manifest(NamedTuple):
     spec: JobSpec
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+# --- the rules that one field's schema cannot say --------------------------------------------
 
 
-def _int(spec: Mapping[str, Any], key: str, path: str, default: int | None, low: int, high: int | None) -> int | None:
-    value = spec.get(key)
-    if value is None:
-        return default
-    valid = f"an integer in {low}..{high}" if high is not None else f"an integer of at least {low}"
-    if not _is_int(value) or value < low or (high is not None and value > high):
-        raise SpecError(f"{path}.{key}", f"{value!r} is not valid; expected {valid}")
-    return value
+def _d(text: str) -> str:
+    """A description written over several source lines, as one line."""
+    return " ".join(text.split())
 
 
-def _bool(spec: Mapping[str, Any], key: str, path: str) -> bool:
-    value = spec.get(key, False)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise SpecError(f"{path}.{key}", f"{value!r} is not valid; expected true or false")
-    return value
+@dataclass(frozen=True)
+class JobName(Rule):
+    """metadata.name is a DNS-1035 label of at most MAX_JOB_NAME_LENGTH characters (at the root)."""
+
+    message: str = _d(f"""
+        metadata.name: a job name must be a DNS-1035 label of at most {MAX_JOB_NAME_LENGTH} characters
+        (lowercase letters, digits and '-', starting with a letter, ending with a letter or digit)
+        so that its pods' and service's names stay valid""")
+
+    def cel(self) -> str:
+        return (f"size(self.metadata.name) <= {MAX_JOB_NAME_LENGTH} && "
+                f"self.metadata.name.matches({DNS_1035_LABEL.cel()})")
+
+    def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
+        metadata = value.get("metadata")
+        if not isinstance(metadata, dict) or not (metadata.get("name") or metadata.get("generateName")):
+            yield ".metadata.name", "required; name the job, e.g. hello"
+            return
+        name = metadata.get("name") or _generated(metadata["generateName"])
+        error = job_name_error(name)
+        if error:
+            yield ".metadata.name", error
 
 
-def _str(spec: Mapping[str, Any], key: str, path: str, default: str | None) -> str | None:
-    value = spec.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, str) or not value.strip() or value != value.strip():
-        raise SpecError(f"{path}.{key}", f"{value!r} is not valid; expected a non-empty string without surrounding spaces")
-    return value
+@dataclass(frozen=True)
+class MeshProcs(Rule):
+    """The product of the mesh's sizes is at most contract.MAX_PROCS."""
+
+    message: str = f"the product of the sizes (the number of procs) must be at most {contract.MAX_PROCS}"
+
+    def cel(self) -> str:
+        # Guarded so that it evaluates without error (no index out of range, no overflow) whatever
+        # the bounds checks found; they report those themselves.
+        n, limit = contract.MAX_DIMS, contract.MAX_PROCS
+        product = " * ".join(["self[0].size"] + [f"(size(self) > {i} ? self[{i}].size : 1)" for i in range(1, n)])
+        return f"size(self) < 1 || size(self) > {n} || self.exists(d, d.size < 1 || d.size > {limit}) || {product} <= {limit}"
+
+    def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
+        sizes = [d["size"] for d in value]
+        if 1 <= len(sizes) <= contract.MAX_DIMS and all(1 <= s <= contract.MAX_PROCS for s in sizes):
+            procs = contract.world_size([("d", s) for s in sizes])
+            if procs > contract.MAX_PROCS:
+                yield "", f"{procs} procs in all; {self.message}"
 
 
-def _mapping(value: object, path: str) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise SpecError(path, f"expected an object, got {type(value).__name__}")
-    return value
+@dataclass(frozen=True)
+class Argv(Rule):
+    """The training argv's shape: :func:`monarch_spmd.payload.worker.argv_error` in CEL."""
+
+    message: str = ("must be [\"-m\", MODULE, ARGS...] or [SCRIPT, ARGS...]: \"-m\" needs a module name "
+                    "after it, and a first argument other than \"-m\" must be a script path (not empty, not an option)")
+
+    def cel(self) -> str:
+        return ("size(self) == 0 || (self[0] == '-m' ? (size(self) >= 2 && size(self[1]) > 0) "
+                ": (size(self[0]) > 0 && !self[0].startsWith('-')))")
+
+    def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
+        error = worker.argv_error(value) if value else None  # an empty list is min_items' to report
+        if error:
+            yield "", error
 
 
-def _list(value: object, path: str) -> Sequence[Any]:
-    if value is None:
-        return []
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise SpecError(path, f"expected a list, got {type(value).__name__}")
-    return value
+@dataclass(frozen=True)
+class Equals(Rule):
+    """A value equals one constant."""
+
+    value: str
+    message: str
+
+    def cel(self) -> str:
+        return f"self == '{self.value}'"
+
+    def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
+        if value != self.value:
+            yield "", f"{schema.show(value)} is not allowed; {self.message}"
 
 
-def _parse_mesh(raw: object) -> tuple[MeshDim, ...]:
-    if raw is None:
-        raise SpecError("spec.mesh", "required; give the ordered dimensions, e.g. [{name: hosts, size: 2}, {name: gpus, size: 4}]")
-    items = _list(raw, "spec.mesh")
-    pairs: list[tuple[Any, Any]] = []
-    for i, item in enumerate(items):
-        dim = _mapping(item, f"spec.mesh[{i}]")
-        extra = set(dim) - {"name", "size"}
-        if extra:
-            raise SpecError(f"spec.mesh[{i}]", f"unknown field(s) {sorted(extra)}; a dimension has only name and size")
-        name, size = dim.get("name"), dim.get("size")
-        if isinstance(name, str) and len(name) > MAX_DIM_NAME_LENGTH:
-            raise SpecError(
-                f"spec.mesh[{i}].name",
-                f"{name!r} has {len(name)} characters; at most {MAX_DIM_NAME_LENGTH} are allowed "
-                "(it becomes the label key spmd.monarch.dev/coord-<name>)",
-            )
-        pairs.append((name, size))
-    try:
-        checked = contract.validate_mesh(pairs)
-    except ValueError as e:
-        where, _, what = str(e).partition(": ")
-        raise SpecError(f"spec.{where}", what) from None
-    return tuple(MeshDim(name, size) for name, size in checked)
+#: CEL, on a container: it is a sidecar (named, and not the trainer).
+_IS_SIDECAR: Final = f"(has(self.name) && self.name != '{TRAINER_CONTAINER}')"
 
 
-def _parse_args(raw: object) -> tuple[str, ...]:
-    hint = "expected ['-m', MODULE, ARGS...] or [SCRIPT.py, ARGS...]"
-    if raw is None:
-        raise SpecError("spec.args", f"required; {hint}")
-    items = _list(raw, "spec.args")
-    for i, arg in enumerate(items):
-        if not isinstance(arg, str):
-            raise SpecError(f"spec.args[{i}]", f"{arg!r} is not a string; quote it in YAML")
-    args = tuple(items)
-    if not args:
-        raise SpecError("spec.args", f"must not be empty; {hint}")
-    if args[0] == "-m":
-        if len(args) < 2 or not args[1]:
-            raise SpecError("spec.args", f"'-m' needs a module name after it; {hint}")
-    elif not args[0] or args[0].startswith("-"):
-        raise SpecError("spec.args[0]", f"{args[0]!r} is not a script path or '-m'; {hint}")
-    return args
+def _is_trainer(container: Mapping[str, Any]) -> bool:
+    return container.get("name", TRAINER_CONTAINER) == TRAINER_CONTAINER
 
 
-def _parse_codes(raw: object, path: str) -> tuple[int, ...]:
-    codes = _list(raw, path)
-    for i, code in enumerate(codes):
-        if not _is_int(code) or not 1 <= code <= 255:
-            raise SpecError(f"{path}[{i}]", f"{code!r} is not valid; an exit code is an integer in 1..255 (0 means success)")
-    return tuple(dict.fromkeys(codes))
+@dataclass(frozen=True)
+class OneTrainer(Rule):
+    """At most one container of the template is the trainer (named so, or unnamed)."""
+
+    message: str = (f"at most one container may be the trainer (named {TRAINER_CONTAINER!r}, or without a name); "
+                    "give the trainer's settings once, and a name to every sidecar")
+
+    def cel(self) -> str:
+        return f"self.filter(c, !has(c.name) || c.name == '{TRAINER_CONTAINER}').size() <= 1"
+
+    def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
+        trainers = [i for i, c in enumerate(value) if _is_trainer(c)]
+        if len(trainers) > 1:
+            yield f"[{trainers[1]}]", f"a second trainer container (the first is [{trainers[0]}]): {self.message}"
 
 
-def _parse_restart_policy(raw: object) -> dict[str, Any]:
-    path = "spec.restartPolicy"
-    policy = _mapping(raw, path)
-    extra = set(policy) - {"maxRestarts", "permanentExitCodes", "retryableExitCodes", "permanentReasons"}
-    if extra:
-        raise SpecError(path, f"unknown field(s) {sorted(extra)}; see `kubectl explain spmdjob.spec.restartPolicy`")
-    permanent = _parse_codes(policy.get("permanentExitCodes"), f"{path}.permanentExitCodes")
-    retryable = _parse_codes(policy.get("retryableExitCodes"), f"{path}.retryableExitCodes")
-    both = sorted(set(permanent) & set(retryable))
-    if both:
-        raise SpecError(f"{path}.retryableExitCodes", f"exit code(s) {both} are also listed as permanent; keep each code in one list")
-    reasons = _list(policy.get("permanentReasons"), f"{path}.permanentReasons")
-    for i, reason in enumerate(reasons):
-        if not isinstance(reason, str) or not reason:
-            raise SpecError(f"{path}.permanentReasons[{i}]", f"{reason!r} is not valid; expected a reason such as OOMKilled or Evicted")
-    return {
-        "max_restarts": _int(policy, "maxRestarts", path, DEFAULT_MAX_RESTARTS, 0, MAX_RESTARTS_LIMIT),
-        "permanent_exit_codes": permanent,
-        "retryable_exit_codes": retryable,
-        "permanent_reasons": tuple(dict.fromkeys(reasons)),
-    }
+@dataclass(frozen=True)
+class TrainerLeaves(Rule):
+    """The trainer container does not set a field the operator sets from the spec."""
+
+    key: str
+    instead: str
+
+    @property
+    def message(self) -> str:  # type: ignore[override]
+        return f"the {TRAINER_CONTAINER} container's {self.key} is set by the operator; use {self.instead} instead"
+
+    @property
+    def field_path(self) -> str:  # type: ignore[override]
+        return f".{self.key}"
+
+    def cel(self) -> str:
+        return f"{_IS_SIDECAR} || !has(self.{self.key})"
+
+    def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
+        if _is_trainer(value) and self.key in value:
+            yield f".{self.key}", f"set by the operator; use {self.instead} instead"
 
 
-def _check_string_map(raw: object, path: str) -> None:
-    for key, value in _mapping(raw, path).items():
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise SpecError(f"{path}.{key}", f"{value!r} is not valid; labels and annotations are strings (quote numbers in YAML)")
+@dataclass(frozen=True)
+class TrainerEnv(Rule):
+    """The trainer container sets no MONARCH_SPMD_* variable but USER_SETTABLE_VARS."""
+
+    message: str = (f"the {TRAINER_CONTAINER} container may set no {_RESERVED_PREFIX}* variable but "
+                    f"{' and '.join(sorted(USER_SETTABLE_VARS))}: the operator sets the others from the spec")
+    field_path: str = ".env"
+
+    def cel(self) -> str:
+        allowed = ", ".join(f"'{v}'" for v in sorted(USER_SETTABLE_VARS))
+        return (f"{_IS_SIDECAR} || !has(self.env) || self.env.all(e, !has(e.name) || "
+                f"!e.name.startsWith('{_RESERVED_PREFIX}') || e.name in [{allowed}])")
+
+    def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
+        if not _is_trainer(value):
+            return
+        for j, var in enumerate(value.get("env", ())):
+            name = var.get("name")
+            if name is not None and name.startswith(_RESERVED_PREFIX) and name not in USER_SETTABLE_VARS:
+                yield (f".env[{j}].name", f"{name} is set by the operator from the spec; only "
+                       f"{', '.join(sorted(USER_SETTABLE_VARS))} may be overridden")
 
 
-def _parse_template(raw: object) -> dict[str, Any]:
-    path = "spec.template"
-    template = _mapping(raw, path)
-    extra = set(template) - {"metadata", "spec"}
-    if extra:
-        raise SpecError(path, f"unknown field(s) {sorted(extra)}; a template has metadata and spec")
-    metadata = _mapping(template.get("metadata"), f"{path}.metadata")
-    extra = set(metadata) - {"labels", "annotations"}
-    if extra:
-        raise SpecError(f"{path}.metadata", f"unknown field(s) {sorted(extra)}; only labels and annotations are copied to pods")
-    _check_string_map(metadata.get("labels"), f"{path}.metadata.labels")
-    _check_string_map(metadata.get("annotations"), f"{path}.metadata.annotations")
-    pod = _mapping(template.get("spec"), f"{path}.spec")
-    policy = pod.get("restartPolicy")
-    if policy not in (None, "Never"):
-        raise SpecError(
-            f"{path}.spec.restartPolicy",
-            f"{policy!r} is not allowed; pods run with Never and the gang restart policy is spec.restartPolicy",
-        )
-    containers = _list(pod.get("containers"), f"{path}.spec.containers")
-    trainers = 0
-    for i, raw_container in enumerate(containers):
-        cpath = f"{path}.spec.containers[{i}]"
-        container = _mapping(raw_container, cpath)
-        name = container.get("name")
-        if name not in (None, TRAINER_CONTAINER):
-            continue
-        trainers += 1
-        if trainers > 1:
-            raise SpecError(cpath, f"a second {TRAINER_CONTAINER!r} container; give the trainer's settings once")
-        for owned, instead in (("image", "spec.image"), ("command", "spec.python"), ("args", "spec.args")):
-            if owned in container:
-                raise SpecError(f"{cpath}.{owned}", f"set by the operator; use {instead} instead")
-        for j, var in enumerate(_list(container.get("env"), f"{cpath}.env")):
-            var_name = _mapping(var, f"{cpath}.env[{j}]").get("name")
-            if isinstance(var_name, str) and var_name.startswith(_RESERVED_PREFIX) and var_name not in USER_SETTABLE_VARS:
-                raise SpecError(
-                    f"{cpath}.env[{j}].name",
-                    f"{var_name} is set by the operator from the spec; only {', '.join(sorted(USER_SETTABLE_VARS))} may be overridden",
-                )
-    return copy.deepcopy(dict(template))
+# --- the table --------------------------------------------------------------------------------
 
 
-_SPEC_FIELDS: Final = frozenset(
-    {
-        "mesh", "args", "image", "python", "masterPort", "gpusPerProc", "colocate", "restartPolicy",
-        "rendezvousTimeoutSeconds", "activeDeadlineSeconds", "ttlSecondsAfterFinished", "suspend",
-        "template",
-    }
+def _codes(kind: str) -> Arr:
+    return Arr(
+        max_items=MAX_EXIT_CODES,
+        items=Int(minimum=1, maximum=255, description="An exit code, 1..255 (128+N means killed by signal N)."),
+        convert=lambda v: tuple(dict.fromkeys(v or ())),
+        description=kind,
+    )
+
+
+_EXAMPLE_MESH: Final = "give the ordered dimensions, e.g. [{name: hosts, size: 2}, {name: gpus, size: 4}]"
+
+RESTART_POLICY: Final = Obj(
+    default={},
+    flatten=True,
+    description=_d("""
+        When the gang is replaced. A failure is retryable unless it matches a permanent rule; on a
+        retryable failure every pod is deleted and the whole gang is created again
+        (TORCHELASTIC_RESTART_COUNT + 1) until maxRestarts is used up, then the job fails. The
+        worker's own exit codes: 64 (bad input) is permanent, 75 (rendezvous timeout) retryable. A
+        pod deleted, evicted or lost under a running job is a retryable failure."""),
+    rules=(schema.Disjoint("permanentExitCodes", "retryableExitCodes",
+                           "an exit code must not be both in permanentExitCodes and in retryableExitCodes"),),
+    properties={
+        "maxRestarts": Int(default=DEFAULT_MAX_RESTARTS, minimum=0, maximum=MAX_RESTARTS_LIMIT,
+                           description=f"How many times the whole gang may be replaced, 0..{MAX_RESTARTS_LIMIT}. Default {DEFAULT_MAX_RESTARTS}."),
+        "permanentExitCodes": _codes(_d("""
+            Exit codes (1..255) of a proc that fail the job at once, without a restart. The
+            worker's 64 is always permanent.""")),
+        "retryableExitCodes": _codes(_d("""
+            If non-empty, the only exit codes (1..255) that restart the gang; any other non-zero
+            exit code is then permanent. Pod loss and the worker's 75 stay retryable. Empty
+            (default): every exit code not listed as permanent is retryable.""")),
+        "permanentReasons": Arr(
+            max_items=MAX_PERMANENT_REASONS,
+            convert=lambda v: tuple(dict.fromkeys(v or ())),
+            description=_d("""
+                Pod or container reasons that fail the job at once, e.g. OOMKilled or Evicted.
+                InvalidImageName and ErrImageNeverPull are always permanent."""),
+            items=Str(min_length=1, max_length=MAX_REASON_LENGTH,
+                      rules=(Matches(REASON, "a reason is one word as Kubernetes reports it, e.g. OOMKilled or Evicted"),),
+                      description="A reason as Kubernetes reports it (pod status.reason or a container's terminated reason)."),
+        ),
+        "podReplacementPolicy": Str(
+            enum=POD_REPLACEMENT_POLICIES, default=DEFAULT_POD_REPLACEMENT_POLICY,
+            description=_d(f"""
+                When the next gang attempt is created after a retryable failure, named as in
+                Kubernetes Jobs. Failed (default): only once every pod of the previous attempt has
+                terminated (its processes gone, its GPUs and ports free), or once
+                replacementTimeoutSeconds have passed. TerminatingOrFailed: at once, while pods of
+                the previous attempt may still be terminating; restarts sooner, but old and new
+                ranks may briefly share nodes, GPUs and the master's address."""),
+        ),
+        "replacementTimeoutSeconds": Int(
+            default=DEFAULT_REPLACEMENT_TIMEOUT, minimum=1, maximum=MAX_REPLACEMENT_TIMEOUT,
+            description=_d(f"""
+                With podReplacementPolicy Failed: how long the next attempt waits for the previous
+                attempt's pods to terminate before it is created anyway (a pod stuck terminating,
+                e.g. on a lost node, must not hold the job forever). 1..{MAX_REPLACEMENT_TIMEOUT},
+                default {DEFAULT_REPLACEMENT_TIMEOUT}."""),
+        ),
+    },
 )
+
+_CONTAINER: Final = Obj(
+    preserve_unknown=True,
+    description=_d("""
+        A container (see `kubectl explain pod.spec.containers`); only the fields below are
+        checked here, the API server checks the rest when the pod is created."""),
+    rules=(
+        TrainerLeaves("image", "spec.image"),
+        TrainerLeaves("command", "spec.python"),
+        TrainerLeaves("args", "spec.args"),
+        TrainerEnv(),
+    ),
+    properties={
+        "name": Str(description=_d(f"""
+            The container's name. "{TRAINER_CONTAINER}" (or no name) makes it the proc's container;
+            any other name makes it a sidecar, which may set anything.""")),
+        "image": Str(description="A sidecar's image. The trainer's image is spec.image."),
+        "command": Arr(items=Str(description="One word."),
+                       description="A sidecar's command. The trainer's command is the worker, run by spec.python."),
+        "args": Arr(items=Str(description="One argument."),
+                    description="A sidecar's arguments. The trainer's argv is spec.args."),
+        "env": Arr(
+            max_items=MAX_CONTAINER_ENV,
+            description=_d(f"""
+                Environment variables, at most {MAX_CONTAINER_ENV}. In the trainer they win over
+                the operator's, except that MONARCH_SPMD_* variables other than
+                {' and '.join(sorted(USER_SETTABLE_VARS))} belong to the operator."""),
+            items=Obj(preserve_unknown=True, description="A variable (name, value or valueFrom).",
+                      properties={"name": Str(description="The variable's name.")}),
+        ),
+    },
+)
+
+TEMPLATE: Final = Obj(
+    convert=lambda v: copy.deepcopy(v) if v is not None else {},
+    description=_d("""
+        The pod template for everything else set on a pod: resources, env, volumes, nodeSelector,
+        tolerations, affinity, serviceAccountName, priorityClassName, schedulerName,
+        terminationGracePeriodSeconds, sidecars... The container named "trainer" (or the one
+        without a name) is merged into the proc's container: its env wins where it sets a variable,
+        but image, command and args come from the spec and MONARCH_SPMD_* variables other than
+        MONARCH_SPMD_ROLE_NAME and MONARCH_SPMD_LOCAL_RANK_SCOPE belong to the operator.
+        restartPolicy is always Never (the gang restarts as a whole)."""),
+    properties={
+        "metadata": Obj(
+            description="Labels and annotations copied onto every pod (the operator's own labels win).",
+            properties={
+                "labels": Obj(description="Labels for every pod.", values=Str(description="A label value.")),
+                "annotations": Obj(description="Annotations for every pod.", values=Str(description="An annotation value.")),
+            },
+        ),
+        "spec": Obj(
+            preserve_unknown=True,
+            description=_d("""
+                A PodSpec (see `kubectl explain pod.spec`), merged with what the operator sets: the
+                trainer container, restartPolicy Never, the worker volume and the environment."""),
+            properties={
+                "restartPolicy": Str(
+                    description="Never, or unset: a failed proc is replaced with its whole gang (spec.restartPolicy), never alone.",
+                    rules=(Equals("Never", "pods run with Never; the gang's restarts are set by spec.restartPolicy"),),
+                ),
+                "containers": Arr(
+                    max_items=MAX_CONTAINERS,
+                    rules=(OneTrainer(),),
+                    description=_d(f"""
+                        The pod's containers, at most {MAX_CONTAINERS}: the trainer (named
+                        "{TRAINER_CONTAINER}", or without a name; at most one) and any sidecars."""),
+                    items=_CONTAINER,
+                ),
+            },
+        ),
+    },
+)
+
+SPEC: Final = Obj(
+    description=_d("""
+        What to run and how: the mesh, the training argv, the image, the pod template and the
+        gang's restart policy. Everything except the mesh may change; changes apply to pods
+        created afterwards (the next attempt, or the resume of a suspended job)."""),
+    properties={
+        "mesh": Arr(
+            required=True,
+            example=_EXAMPLE_MESH,
+            min_items=1,
+            max_items=contract.MAX_DIMS,
+            convert=lambda v: tuple(MeshDim(d["name"], d["size"]) for d in v),
+            rules=(
+                schema.UniqueBy("name", "dimension names must be unique"),
+                MeshProcs(),
+                schema.Immutable("spec.mesh is immutable: delete the job and create it again to change its shape"),
+            ),
+            description=_d(f"""
+                The ORDERED mesh: 1 to {contract.MAX_DIMS} named dimensions, e.g. [{{name: hosts,
+                size: 2}}, {{name: gpus, size: 4}}]. One proc (pod) per point; a proc's rank is
+                the row-major index of its coordinates; the LAST dimension is the local one
+                (LOCAL_RANK is the coordinate on it, LOCAL_WORLD_SIZE its size) unless gpusPerProc
+                is set. At most {contract.MAX_PROCS} procs in all. Immutable after creation."""),
+            items=Obj(
+                description="One named mesh dimension.",
+                properties={
+                    "name": Str(
+                        required=True,
+                        max_length=MAX_DIM_NAME_LENGTH,
+                        rules=(Matches(DNS_1035_LABEL, "a dimension name is a DNS label: lowercase letters, "
+                                       "digits and '-', starting with a letter, ending with a letter or digit"),),
+                        description=_d(f"""
+                            The dimension's name: a DNS label of at most {MAX_DIM_NAME_LENGTH}
+                            characters (lowercase letters, digits and '-', starting with a letter),
+                            unique in the mesh. Each pod carries the label
+                            spmd.monarch.dev/coord-<name>=<coordinate>."""),
+                    ),
+                    "size": Int(required=True, minimum=1, maximum=contract.MAX_PROCS,
+                                description=_d(f"""
+                                    The number of procs along this dimension, 1..{contract.MAX_PROCS}
+                                    (and the product of all sizes at most {contract.MAX_PROCS}).""")),
+                },
+            ),
+        ),
+        "args": Arr(
+            required=True,
+            example=f"give the training argv: {worker.ARGV_HINT.removeprefix('expected ')}",
+            min_items=1,
+            max_items=MAX_ARGS,
+            convert=tuple,
+            rules=(Argv(),),
+            description=_d("""
+                The training argv, as torchrun's or SPMDActor.main's script_args: either ["-m",
+                MODULE, ARGS...] (run a module, like python -m) or [SCRIPT.py, ARGS...] (a path
+                inside the image). Run by the worker with spec.python after the rendezvous; the
+                pod's exit code is the program's exit code."""),
+            items=Str(description="One argument."),
+        ),
+        "image": Str(
+            required=True,
+            example="name the container image every proc runs, e.g. pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime",
+            max_length=MAX_IMAGE_LENGTH,
+            rules=(Matches(IMAGE_REFERENCE, "an image reference is printable ASCII without spaces, "
+                           "e.g. pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"),),
+            description=_d("""
+                The container image of every proc, e.g. a stock
+                pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime. It needs only a Python 3.10+
+                interpreter (spec.python) and your training code's dependencies: the worker
+                (standard library only) is mounted into each pod from a ConfigMap, so the image
+                need not contain this project."""),
+        ),
+        "python": Str(
+            default=DEFAULT_PYTHON,
+            max_length=MAX_PYTHON_LENGTH,
+            rules=(Matches(INTERPRETER, "an interpreter name or path has no spaces or control characters"),),
+            description=_d("""
+                The Python interpreter in the image (a name on PATH or an absolute path), used for
+                both the worker and the training program. Default python3."""),
+        ),
+        "masterPort": Int(
+            default=DEFAULT_MASTER_PORT, minimum=1, maximum=65535,
+            description=_d("""
+                The port rank 0's TCPStore listens on (MASTER_PORT). MASTER_ADDR is the headless
+                Service <job>-master.<namespace>.svc, which selects the rank-0 pod of the current
+                attempt. Default 29500."""),
+        ),
+        "gpusPerProc": Int(
+            default=0, minimum=0, maximum=MAX_GPUS_PER_PROC,
+            description=_d(f"""
+                GPUs per proc: sets the nvidia.com/gpu limit of every pod. When at least 1, each pod
+                is its own torchrun node, as with torchrun --nproc-per-node=1 per pod (the
+                PyTorchJob convention): LOCAL_RANK=0 and LOCAL_WORLD_SIZE=1 in every pod, so
+                torch.cuda.set_device(LOCAL_RANK) selects the pod's own GPU; RANK and WORLD_SIZE
+                still come from the mesh. 0 (default) keeps LOCAL_RANK as the coordinate on the last
+                mesh dimension. At most {MAX_GPUS_PER_PROC}."""),
+        ),
+        "colocate": Bool(
+            default=False,
+            description=_d("""
+                When true, the procs that share a coordinate on the FIRST mesh dimension (e.g. one
+                "host") prefer to be scheduled on the same node (a preferred podAffinity on the
+                label spmd.monarch.dev/coord-<first dimension>). A preference, not a rule: pods
+                still start when no node fits them all. Default false."""),
+        ),
+        "restartPolicy": RESTART_POLICY,
+        "rendezvousTimeoutSeconds": Int(
+            default=DEFAULT_RENDEZVOUS_TIMEOUT, minimum=1, maximum=MAX_RENDEZVOUS_TIMEOUT,
+            description=_d(f"""
+                How long each worker waits for MASTER_ADDR to resolve and (ranks other than 0) for
+                MASTER_PORT to accept, before it exits with 75 (retryable).
+                1..{MAX_RENDEZVOUS_TIMEOUT}, default {DEFAULT_RENDEZVOUS_TIMEOUT}."""),
+        ),
+        "activeDeadlineSeconds": Int(
+            minimum=1, format="int64",
+            description=_d("""
+                The job fails with reason DeadlineExceeded (its pods are stopped) once it has been
+                active this many seconds, counted from its start or last resume, restarts included.
+                Unset: no deadline."""),
+        ),
+        "ttlSecondsAfterFinished": Int(
+            minimum=0, format="int64",
+            description=_d("""
+                The job (and, through garbage collection, its pods) is deleted this many seconds
+                after it succeeded or failed. Unset: kept."""),
+        ),
+        "suspend": Bool(
+            default=False,
+            description=_d("""
+                When true, no pods run: the running gang is deleted and the job is Suspended;
+                setting it back to false creates the gang again (same attempt number) and restarts
+                the activeDeadlineSeconds clock. The convention Kueue uses to admit jobs. Default
+                false."""),
+        ),
+        "template": TEMPLATE,
+    },
+)
+
+_TIME: Final = "date-time"
+
+STATUS: Final = Obj(
+    description="The observed state of the job, written by the operator only.",
+    properties={
+        "phase": Str(
+            enum=("Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended"),
+            description=_d("""
+                Pending: pods created, not all running yet. Running: every proc's pod is running.
+                Restarting: the gang is being replaced after a retryable failure. Succeeded: every
+                rank exited 0. Failed: a permanent failure, the restart limit, the deadline or an
+                invalid spec (see failure and conditions). Suspended: spec.suspend."""),
+        ),
+        "mesh": Str(description="The ordered mesh as name=size pairs, e.g. hosts=2,gpus=4."),
+        "procs": Int(description="The number of procs (pods per attempt)."),
+        "restarts": Int(description="How many times the gang was replaced; the current attempt's number (TORCHELASTIC_RESTART_COUNT)."),
+        "running": Int(description="Procs of the current attempt whose pod is running."),
+        "succeeded": Int(description="Procs of the current attempt that exited 0."),
+        "failed": Int(description="Procs of the current attempt that failed."),
+        "masterAddr": Str(description="MASTER_ADDR of every proc, the DNS name of the headless Service <job>-master."),
+        "startTime": Str(format=_TIME, description="When the job started (or was last resumed); activeDeadlineSeconds counts from here."),
+        "completionTime": Str(format=_TIME, description="When the job succeeded or failed; ttlSecondsAfterFinished counts from here."),
+        "observedGeneration": Int(format="int64", description="The metadata.generation this status was computed from."),
+        "failure": Obj(
+            description=_d("""
+                Root cause of the most recent gang failure: the rank that failed first in that
+                attempt, with its pod, node, exit code, reason and the last lines of its message
+                (the container's termination message, or the end of its log)."""),
+            properties={
+                "rank": Int(description="The rank that failed first."),
+                "pod": Str(description="Its pod."),
+                "node": Str(description="The node the pod ran on."),
+                "exitCode": Int(description="The trainer container's exit code (absent when the pod was lost or deleted)."),
+                "reason": Str(description="Why, e.g. Error, OOMKilled, Evicted, PodDeleted, PodMissing, InvalidImageName."),
+                "message": Str(description="The last lines of the termination message or log."),
+                "restart": Int(description="The attempt (restart count) that failed."),
+                "permanent": Bool(description="Whether the failure was judged permanent (no restart)."),
+                "time": Str(format=_TIME, description="When the failure happened (or was observed)."),
+            },
+        ),
+        "conditions": Arr(
+            list_type="map",
+            map_keys=("type",),
+            description="Standard conditions; types Created, Running, Restarting, Succeeded, Failed, Suspended.",
+            items=Obj(
+                description="One condition.",
+                properties={
+                    "type": Str(required=True, description="Created, Running, Restarting, Succeeded, Failed or Suspended."),
+                    "status": Str(required=True, enum=("True", "False", "Unknown"), description="True, False or Unknown."),
+                    "reason": Str(description="A CamelCase reason for the last transition."),
+                    "message": Str(description="A human-readable explanation."),
+                    "lastTransitionTime": Str(format=_TIME, description="When the status last changed."),
+                    "observedGeneration": Int(format="int64", description="The metadata.generation the condition was set from."),
+                },
+            ),
+        ),
+    },
+)
+
+ROOT: Final = Obj(
+    description=_d(f"""
+        SPMDJob runs one training program as a gang of processes ("procs") laid out on an ordered
+        mesh of named dimensions, one pod per proc, each with the torchrun environment (RANK,
+        WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, TORCHELASTIC_* ...) computed from its mesh
+        coordinates. The gang starts, restarts and finishes as a whole. The job's name must be a
+        DNS-1035 label of at most {MAX_JOB_NAME_LENGTH} characters."""),
+    rules=(JobName(),),
+    properties={
+        "apiVersion": Str(description=f"The versioned schema of this object, {API_VERSION}."),
+        "kind": Str(description=f"The kind of this object, {KIND}."),
+        "metadata": ObjectMeta(description="The object's metadata (the CRD may declare only its type)."),
+        "spec": dataclasses.replace(SPEC, required=True, example="an SPMDJob needs at least spec.mesh, spec.args and spec.image"),
+        "status": STATUS,
+    },
+)
+
+#: ``kubectl get spmdjob`` columns.
+PRINTER_COLUMNS: Final = (
+    {"name": "Mesh", "type": "string", "jsonPath": ".status.mesh", "description": "The ordered mesh, e.g. hosts=2,gpus=4."},
+    {"name": "Procs", "type": "integer", "jsonPath": ".status.procs", "description": "Number of procs (one pod each)."},
+    {"name": "Running", "type": "integer", "jsonPath": ".status.running", "description": "Procs of the current attempt whose pod is running."},
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Pending, Running, Restarting, Succeeded, Failed or Suspended."},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Gang restarts so far."},
+    {"name": "Reason", "type": "string", "jsonPath": ".status.failure.reason", "priority": 1, "description": "Reason of the most recent gang failure."},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp", "description": "Time since the job was created."},
+)
+SHORT_NAMES: Final = ("spmd", "sj")
+
+
+# --- the parser -------------------------------------------------------------------------------
+
+
+def _snake(key: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key).lower()
+
+
+def attributes(node: Obj, value: Mapping[str, Any]) -> dict[str, Any]:
+    """The JobSpec attributes of a validated, defaulted spec: one per table entry (snake_case)."""
+    out: dict[str, Any] = {}
+    for key, child in node.properties.items():
+        raw = value.get(key)
+        if isinstance(child, Obj) and child.flatten:
+            out.update(attributes(child, raw or {}))
+        else:
+            out[child.attr or _snake(key)] = child.convert(raw) if child.convert else raw
+    return out
+
+
+def _errors(problems: list[schema.Problem]) -> list[SpecError]:
+    return [SpecError(p.path, p.message) for p in problems]
+
+
+def check_job_spec(spec: object, *, require_image: bool = False) -> tuple[Any, list[SpecError]]:
+    """Checks an SPMDJob ``spec`` as the API server would; returns ``(defaulted spec, errors)``."""
+    optional = () if require_image else ("spec.image",)
+    value, problems = schema.validate(SPEC, spec, "spec", optional=optional)
+    return value, _errors(problems)
 
 
 def parse_job_spec(spec: Mapping[str, Any], *, require_image: bool = False) -> JobSpec:
@@ -348,35 +777,23 @@ def parse_job_spec(spec: Mapping[str, Any], *, require_image: bool = False) -> J
         The validated :class:`JobSpec`, defaults filled in.
 
     Raises:
-        SpecError: naming the field path and what would be valid.
+        SpecError: the first problem, naming the field path and what would be valid.
     """
-    spec = _mapping(spec, "spec")
-    extra = set(spec) - _SPEC_FIELDS
-    if extra:
-        raise SpecError("spec", f"unknown field(s) {sorted(extra)}; see `kubectl explain spmdjob.spec`")
-    image = _str(spec, "image", "spec", None)
-    if image is None and require_image:
-        raise SpecError("spec.image", "required; name the container image every proc runs, e.g. pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime")
-    if image is not None and any(c.isspace() for c in image):
-        raise SpecError("spec.image", f"{image!r} contains whitespace; expected an image reference")
-    return JobSpec(
-        mesh=_parse_mesh(spec.get("mesh")),
-        args=_parse_args(spec.get("args")),
-        image=image,
-        python=_str(spec, "python", "spec", DEFAULT_PYTHON) or DEFAULT_PYTHON,
-        master_port=_int(spec, "masterPort", "spec", DEFAULT_MASTER_PORT, 1, 65535) or DEFAULT_MASTER_PORT,
-        gpus_per_proc=_int(spec, "gpusPerProc", "spec", 0, 0, MAX_GPUS_PER_PROC) or 0,
-        colocate=_bool(spec, "colocate", "spec"),
-        rendezvous_timeout_seconds=_int(
-            spec, "rendezvousTimeoutSeconds", "spec", DEFAULT_RENDEZVOUS_TIMEOUT, 1, MAX_RENDEZVOUS_TIMEOUT
-        )
-        or DEFAULT_RENDEZVOUS_TIMEOUT,
-        active_deadline_seconds=_int(spec, "activeDeadlineSeconds", "spec", None, 1, None),
-        ttl_seconds_after_finished=_int(spec, "ttlSecondsAfterFinished", "spec", None, 0, None),
-        suspend=_bool(spec, "suspend", "spec"),
-        template=_parse_template(spec.get("template")),
-        **_parse_restart_policy(spec.get("restartPolicy")),
-    )
+    value, errors = check_job_spec(spec, require_image=require_image)
+    if errors:
+        raise errors[0]
+    return JobSpec(**attributes(SPEC, value))
+
+
+def job_name_error(name: object) -> str | None:
+    """Why ``name`` is not a valid job name, or None."""
+    if not isinstance(name, str) or not name:
+        return "required; name the job, e.g. hello"
+    if len(name) > MAX_JOB_NAME_LENGTH or not DNS_1035_LABEL.matches(name):
+        return (f"{name!r} is not valid; a job name is a DNS-1035 label of at most {MAX_JOB_NAME_LENGTH} "
+                "characters (lowercase letters, digits and '-', starting with a letter, ending with a "
+                "letter or digit) so that its pods' and service's names stay valid")
+    return None
 
 
 def check_job_name(name: object, path: str = "metadata.name") -> str:
@@ -385,16 +802,40 @@ def check_job_name(name: object, path: str = "metadata.name") -> str:
     Raises:
         SpecError: saying what a valid name looks like.
     """
-    if not isinstance(name, str) or not name:
-        raise SpecError(path, "required; name the job, e.g. hello")
-    if len(name) > MAX_JOB_NAME_LENGTH or not _DNS_1035.match(name):
-        raise SpecError(
-            path,
-            f"{name!r} is not valid; a job name is a DNS-1035 label of at most {MAX_JOB_NAME_LENGTH} "
-            "characters (lowercase letters, digits and '-', starting with a letter, ending with a "
-            "letter or digit) so that its pods' and service's names stay valid",
-        )
+    error = job_name_error(name)
+    if error:
+        raise SpecError(path, error)
+    assert isinstance(name, str)
     return name
+
+
+_GENERATED_SUFFIX: Final = "bcdfghjklmnpqrstvwxz2456789"
+
+
+def _generated(prefix: str) -> str:
+    """A name as the API server makes one from generateName (prefix cut to 58, 5 random characters)."""
+    return prefix[:58] + "".join(random.choice(_GENERATED_SUFFIX) for _ in range(5))
+
+
+def check_manifest(doc: object, *, require_image: bool = True, old: object = MISSING) -> tuple[Any, list[SpecError]]:
+    """Checks a whole SPMDJob manifest as the API server checks a create (an update with ``old``).
+
+    Returns:
+        ``(the object as the server would store it, every error found)``; the errors name their
+        field (``spec.mesh[1].size``, ``metadata.name``) and say what would be valid.
+    """
+    if not isinstance(doc, Mapping):
+        return doc, [SpecError("manifest", f"expected an {KIND} object (a mapping), got {type(doc).__name__}")]
+    errors = []
+    if doc.get("apiVersion") != API_VERSION:
+        errors.append(SpecError("apiVersion", f"{doc.get('apiVersion')!r} is not valid; expected {API_VERSION}"))
+    if doc.get("kind") != KIND:
+        errors.append(SpecError("kind", f"{doc.get('kind')!r} is not valid; expected {KIND}"))
+    if errors:
+        return doc, errors
+    optional = () if require_image else ("spec.image",)
+    value, problems = schema.validate(ROOT, doc, "", old=old, optional=optional, reset=("status",))
+    return value, _errors(problems)
 
 
 def load_manifest(doc: object, *, require_image: bool = False) -> Manifest:
@@ -402,24 +843,19 @@ def load_manifest(doc: object, *, require_image: bool = False) -> Manifest:
 
     Args:
         doc: the manifest: apiVersion, kind, metadata (name, optional namespace) and spec.
-        require_image: passed on to :func:`parse_job_spec`.
+        require_image: the operator and ``kubectl apply`` need ``spec.image``; the local runner
+            does not.
 
     Returns:
-        ``(name, namespace, spec)``; the namespace defaults to ``default``.
+        ``(name, namespace, spec)``; the namespace defaults to ``default``, and a manifest with only
+        ``metadata.generateName`` gets a name made from it, as the API server would.
 
     Raises:
-        SpecError: naming the field and what would be valid.
+        SpecError: the first problem, naming the field and what would be valid.
     """
-    manifest = _mapping(doc, "manifest")
-    if manifest.get("apiVersion") != API_VERSION:
-        raise SpecError("apiVersion", f"{manifest.get('apiVersion')!r} is not valid; expected {API_VERSION}")
-    if manifest.get("kind") != KIND:
-        raise SpecError("kind", f"{manifest.get('kind')!r} is not valid; expected {KIND}")
-    metadata = _mapping(manifest.get("metadata"), "metadata")
-    name = check_job_name(metadata.get("name"))
-    namespace = metadata.get("namespace") or "default"
-    if not isinstance(namespace, str) or len(namespace) > 63 or not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", namespace):
-        raise SpecError("metadata.namespace", f"{namespace!r} is not a valid namespace name (a DNS label)")
-    if manifest.get("spec") is None:
-        raise SpecError("spec", "required; an SPMDJob needs at least spec.mesh and spec.args")
-    return Manifest(name, namespace, parse_job_spec(manifest["spec"], require_image=require_image))
+    value, errors = check_manifest(doc, require_image=require_image)
+    if errors:
+        raise errors[0]
+    metadata = value["metadata"]
+    name = metadata.get("name") or _generated(metadata["generateName"])
+    return Manifest(name, metadata.get("namespace") or "default", JobSpec(**attributes(SPEC, value["spec"])))

@@ -12,6 +12,7 @@ from monarch_spmd.spec import (
     KIND,
     JobSpec,
     Manifest,
+    check_job_spec,
     MeshDim,
     SpecError,
     load_manifest,
@@ -87,25 +88,35 @@ def test_template_is_a_deep_copy():
     ("changes", "field", "hint"),
     [
         ({"mesh": None}, "spec.mesh", "required"),
-        ({"mesh": []}, "spec.mesh", "at least one dimension"),
-        ({"mesh": "hosts=2"}, "spec.mesh", "expected a list"),
-        ({"mesh": [{"name": f"d{i}", "size": 1} for i in range(5)]}, "spec.mesh", "at most 4"),
-        ({"mesh": [{"name": "a", "size": 0}]}, "spec.mesh[0].size", "at least 1"),
-        ({"mesh": [{"name": "a", "size": 1}, {"name": "b", "size": True}]}, "spec.mesh[1].size", "at least 1"),
+        ({"mesh": []}, "spec.mesh", "must not be empty; give the ordered dimensions"),
+        ({"mesh": "hosts=2"}, "spec.mesh", "expected a list of 1 to 4 items"),
+        ({"mesh": [{"name": f"d{i}", "size": 1} for i in range(5)]}, "spec.mesh", "has 5 items; expected a list of 1 to 4"),
+        ({"mesh": [{"name": "a", "size": 0}]}, "spec.mesh[0].size", "an integer in 1..4096"),
+        ({"mesh": [{"name": "a", "size": 1}, {"name": "b", "size": True}]}, "spec.mesh[1].size", "an integer in 1..4096"),
+        ({"mesh": [{"name": "a", "size": 2.5}]}, "spec.mesh[0].size", "an integer"),
+        ({"mesh": [{"name": "a", "size": "2"}]}, "spec.mesh[0].size", "an integer"),
+        ({"mesh": [{"name": "a", "size": 2**63}]}, "spec.mesh[0].size", "an integer"),
+        ({"mesh": [{"name": "a"}]}, "spec.mesh[0].size", "required"),
         ({"mesh": [{"name": "a", "size": 1}, {"name": "a", "size": 2}]}, "spec.mesh[1].name", "unique"),
         ({"mesh": [{"name": "Hosts", "size": 2}]}, "spec.mesh[0].name", "DNS label"),
         ({"mesh": [{"name": "a" * 58, "size": 2}]}, "spec.mesh[0].name", "at most 57"),
-        ({"mesh": [{"name": "a", "size": 1, "extra": 1}]}, "spec.mesh[0]", "unknown field"),
+        ({"mesh": [{"name": "a", "size": 1, "extra": 1}]}, "spec.mesh[0].extra", "unknown field; spec.mesh[0] has name, size"),
         ({"mesh": [{"name": "a", "size": 64}, {"name": "b", "size": 65}]}, "spec.mesh", "at most 4096"),
         ({"args": None}, "spec.args", "required"),
-        ({"args": []}, "spec.args", "must not be empty"),
+        ({"args": []}, "spec.args", "must not be empty; give the training argv"),
         ({"args": ["-m"]}, "spec.args", "module name"),
         ({"args": ["-m", ""]}, "spec.args", "module name"),
-        ({"args": ["--lr"]}, "spec.args[0]", "script path"),
-        ({"args": ["train.py", 3]}, "spec.args[1]", "not a string"),
-        ({"image": ""}, "spec.image", "non-empty"),
-        ({"image": "a b"}, "spec.image", "whitespace"),
-        ({"python": 3}, "spec.python", "non-empty string"),
+        ({"args": ["--lr"]}, "spec.args", "'--lr' is not a script path"),
+        ({"args": [""]}, "spec.args", "is not a script path"),
+        ({"args": ["a"] * 4097}, "spec.args", "has 4097 items; expected a list of 1 to 4096 items"),
+        ({"args": ["train.py", 3]}, "spec.args[1]", "expected a string (quote it in YAML)"),
+        ({"image": ""}, "spec.image", "printable ASCII without spaces"),
+        ({"image": "a b"}, "spec.image", "printable ASCII without spaces"),
+        ({"image": "a\tb"}, "spec.image", "printable ASCII without spaces"),
+        ({"image": "a" * 4097}, "spec.image", "at most 4096"),
+        ({"python": 3}, "spec.python", "expected a string"),
+        ({"python": "py thon"}, "spec.python", "no spaces"),
+        ({"python": ""}, "spec.python", "no spaces"),
         ({"masterPort": 0}, "spec.masterPort", "1..65535"),
         ({"masterPort": 65536}, "spec.masterPort", "1..65535"),
         ({"masterPort": "29500"}, "spec.masterPort", "1..65535"),
@@ -123,15 +134,21 @@ def test_template_is_a_deep_copy():
         (
             {"restartPolicy": {"permanentExitCodes": [1, 2], "retryableExitCodes": [2]}},
             "spec.restartPolicy.retryableExitCodes",
-            "also listed as permanent",
+            "[2] also in permanentExitCodes",
         ),
-        ({"restartPolicy": {"permanentReasons": [""]}}, "spec.restartPolicy.permanentReasons[0]", "OOMKilled"),
-        ({"restartPolicy": {"backoffLimit": 3}}, "spec.restartPolicy", "unknown field"),
-        ({"replicas": 3}, "spec", "unknown field"),
+        ({"restartPolicy": {"permanentReasons": [""]}}, "spec.restartPolicy.permanentReasons[0]", "of 1 to 128 characters"),
+        ({"restartPolicy": {"permanentReasons": ["OOM Killed"]}}, "spec.restartPolicy.permanentReasons[0]", "OOMKilled"),
+        ({"restartPolicy": {"permanentReasons": ["x" * 129]}}, "spec.restartPolicy.permanentReasons[0]", "of 1 to 128 characters"),
+        ({"restartPolicy": {"permanentReasons": ["Evicted"] * 33}}, "spec.restartPolicy.permanentReasons", "at most 32"),
+        ({"restartPolicy": {"podReplacementPolicy": "failed"}}, "spec.restartPolicy.podReplacementPolicy", "one of Failed, TerminatingOrFailed"),
+        ({"restartPolicy": {"replacementTimeoutSeconds": 0}}, "spec.restartPolicy.replacementTimeoutSeconds", "1..86400"),
+        ({"restartPolicy": {"replacementTimeoutSeconds": 86401}}, "spec.restartPolicy.replacementTimeoutSeconds", "1..86400"),
+        ({"restartPolicy": {"backoffLimit": 3}}, "spec.restartPolicy.backoffLimit", "unknown field"),
+        ({"replicas": 3}, "spec.replicas", "unknown field; spec has mesh, args"),
         ({"template": {"spec": {"restartPolicy": "OnFailure"}}}, "spec.template.spec.restartPolicy", "Never"),
-        ({"template": {"kind": "Pod"}}, "spec.template", "unknown field"),
-        ({"template": {"metadata": {"name": "x"}}}, "spec.template.metadata", "only labels and annotations"),
-        ({"template": {"metadata": {"labels": {"a": 1}}}}, "spec.template.metadata.labels.a", "strings"),
+        ({"template": {"kind": "Pod"}}, "spec.template.kind", "unknown field; spec.template has metadata, spec"),
+        ({"template": {"metadata": {"name": "x"}}}, "spec.template.metadata.name", "has labels, annotations"),
+        ({"template": {"metadata": {"labels": {"a": 1}}}}, "spec.template.metadata.labels.a", "quote it in YAML"),
         ({"template": trainer_template(image="other")}, "spec.template.spec.containers[0].image", "spec.image"),
         ({"template": trainer_template(command=["sh"])}, "spec.template.spec.containers[0].command", "spec.python"),
         ({"template": trainer_template(args=["x"])}, "spec.template.spec.containers[0].args", "spec.args"),
@@ -143,7 +160,7 @@ def test_template_is_a_deep_copy():
         (
             {"template": {"spec": {"containers": [{"name": "trainer"}, {"name": "trainer"}]}}},
             "spec.template.spec.containers[1]",
-            "second",
+            "a second trainer container",
         ),
     ],
 )
@@ -209,3 +226,108 @@ def test_load_manifest_rejects_bad_documents(doc, field):
 
 def test_longest_valid_job_name_is_accepted():
     assert load_manifest(manifest(name="a" * 50)).name == "a" * 50
+
+
+# --- what the table adds: new fields, the API server's treatment of values ----------------------
+
+
+def test_pod_replacement_fields_have_their_defaults_and_parse():
+    spec = parse_job_spec(MINIMAL)
+    assert (spec.pod_replacement_policy, spec.replacement_timeout_seconds) == ("Failed", 120)
+    spec = parse_job_spec(spec_with(restartPolicy={"podReplacementPolicy": "TerminatingOrFailed",
+                                                   "replacementTimeoutSeconds": 5}))
+    assert (spec.pod_replacement_policy, spec.replacement_timeout_seconds) == ("TerminatingOrFailed", 5)
+    assert spec.max_restarts == 3  # the other defaults of restartPolicy still apply
+
+
+def test_whole_floats_are_integers_as_kubectl_sends_them():
+    spec = parse_job_spec(spec_with(masterPort=1234.0, mesh=[{"name": "a", "size": 2.0}]))
+    assert spec.master_port == 1234 and type(spec.master_port) is int
+    assert spec.mesh == (MeshDim("a", 2),) and type(spec.mesh[0].size) is int
+    with pytest.raises(SpecError) as info:
+        parse_job_spec(spec_with(masterPort=1e21))
+    assert info.value.field == "spec.masterPort"
+
+
+def test_null_is_absent_and_takes_the_default():
+    spec = parse_job_spec(spec_with(python=None, restartPolicy=None, masterPort=None, template=None))
+    assert (spec.python, spec.max_restarts, spec.master_port, spec.template) == ("python3", 3, 29500, {})
+    with pytest.raises(SpecError) as info:
+        parse_job_spec(spec_with(image=None), require_image=True)
+    assert info.value.field == "spec.image" and "required" in str(info.value)
+    # A null label is dropped, as the API server drops it.
+    spec = parse_job_spec(spec_with(template={"metadata": {"labels": {"a": None, "b": "c"}}}))
+    assert spec.template == {"metadata": {"labels": {"b": "c"}}}
+
+
+def test_the_former_drifts_between_the_crd_and_the_parser_are_gone():
+    # Each was accepted by one side and refused by the other.
+    for changes, field in [({"python": "python 3"}, "spec.python"), ({"image": "img\tlatest"}, "spec.image"),
+                           ({"restartPolicy": {"permanentReasons": ["x"] * 33}}, "spec.restartPolicy.permanentReasons"),
+                           ({"args": ["x"] * 4097}, "spec.args")]:
+        with pytest.raises(SpecError) as info:
+            parse_job_spec(spec_with(**changes))
+        assert info.value.field == field
+
+
+def test_check_job_spec_reports_every_error():
+    _, errors = check_job_spec(spec_with(masterPort=0, gpusPerProc=99, colour="red"))
+    assert [e.field for e in errors] == ["spec.colour", "spec.masterPort", "spec.gpusPerProc"]
+
+
+def test_rules_are_skipped_after_a_type_error_as_the_api_server_does():
+    # The product rule would fail, but a size of the wrong type stops every CEL rule.
+    _, errors = check_job_spec(spec_with(mesh=[{"name": "a", "size": 4096}, {"name": "b", "size": "2"}]))
+    assert [e.field for e in errors] == ["spec.mesh[1].size"]
+
+
+def test_template_limits_and_sidecars():
+    many = [{"name": f"s{i}"} for i in range(65)]
+    with pytest.raises(SpecError) as info:
+        parse_job_spec(spec_with(template={"spec": {"containers": many}}))
+    assert info.value.field == "spec.template.spec.containers" and "at most 64" in str(info.value)
+    env = [{"name": f"V{i}"} for i in range(1025)]
+    with pytest.raises(SpecError) as info:
+        parse_job_spec(spec_with(template=trainer_template(env=env)))
+    assert info.value.field == "spec.template.spec.containers[0].env"
+    # An empty name is a sidecar's name, not the trainer's.
+    parse_job_spec(spec_with(template={"spec": {"containers": [{"name": "", "image": "x"}, {"name": "trainer"}]}}))
+    # A null image is no image.
+    assert parse_job_spec(spec_with(template=trainer_template(image=None))).template == {"spec": {"containers": [{"name": "trainer"}]}}
+
+
+def test_manifest_metadata_is_checked_as_kubernetes_does():
+    assert load_manifest(manifest(labels={"app.kubernetes.io/name": "x", "a": ""})).name == "hello"
+    for metadata, field in [({"labels": {"a b": "x"}}, "metadata.labels"), ({"labels": {"a": "b c"}}, "metadata.labels.a"),
+                            ({"labels": {"a": 1}}, "metadata.labels.a"), ({"colour": "red"}, "metadata.colour"),
+                            ({"annotations": {"x/y/z": "a"}}, "metadata.annotations")]:
+        with pytest.raises(SpecError) as info:
+            load_manifest(manifest(**metadata))
+        assert info.value.field == field
+
+
+def test_generate_name_gives_a_name_the_rule_then_checks():
+    doc = manifest()
+    doc["metadata"] = {"generateName": "train-"}
+    name = load_manifest(doc).name
+    assert name.startswith("train-") and len(name) == len("train-") + 5
+    doc["metadata"] = {"generateName": "a" * 46}
+    with pytest.raises(SpecError) as info:
+        load_manifest(doc)
+    assert info.value.field == "metadata.name"
+
+
+def test_status_is_ignored_on_create_but_its_fields_must_exist():
+    doc = manifest()
+    doc["status"] = {"phase": "Bogus"}
+    load_manifest(doc)
+    doc["status"] = {"colour": 1}
+    with pytest.raises(SpecError) as info:
+        load_manifest(doc)
+    assert info.value.field == "status.colour"
+
+
+def test_unknown_top_level_field_and_wrong_envelope():
+    with pytest.raises(SpecError) as info:
+        load_manifest({**manifest(), "specs": {}})
+    assert info.value.field == "specs"
