@@ -28,6 +28,7 @@ USAGE = """usage: monarch-spmd {run,worker,logs,validate} ...
           monarch-spmd run -f job.yaml
   worker  the in-pod worker: monarch-spmd worker -- -m train ...
   logs    the logs of an SPMDJob's ranks: monarch-spmd logs JOB [--rank R] [-f]
+  validate  check SPMDJob manifests offline as the API server would: monarch-spmd validate -f job.yaml
 """
 
 
