@@ -42,7 +42,6 @@ import socket
 import subprocess
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
 
@@ -364,10 +363,9 @@ class RealNodes:
             service_ip = str(next(ipaddress.ip_network(SERVICE_CIDR).hosts()))
             self.proxy = NetnsProxy(slot.netns, service_ip, 443, self.api_port)
             self._start_coredns()
+            self._prepare_images()
             for i in range(self.count):  # from this thread: they die with the thread that forks
                 self._start_containerd(i)
-            with ThreadPoolExecutor(self.count) as pool:  # imports are I/O: all nodes at once
-                list(pool.map(self._import_images, range(self.count)))
             self._tunables = {t: (Path("/proc/sys") / t).read_text() for t in KERNEL_TUNABLES}
             for i in range(self.count):
                 self._start_kubelet(i)
@@ -467,23 +465,60 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         sock = self._containerd_paths(i)[2]
         return sh("ctr", "--address", str(sock), "--namespace", "k8s.io", *args, check=check)
 
-    def _import_images(self, i: int) -> None:
-        """Import each image whose tar changed since this node's containerd last imported it."""
-        root = self._containerd_paths(i)[0]
-        marks_file = root / "monarch-spmd-imported.json"
+    def _prepare_images(self) -> None:
+        """Bring every node's containerd root up to date with the image tars.
+
+        Node 0's containerd imports each image whose tar changed since it last imported it (a
+        changed image shares most layers with the old one: only new layers are unpacked). The
+        other nodes' roots are then hard-linked copies of node 0's, made while no containerd
+        runs (their own metadata databases copied for real), so several nodes cost the disk of
+        one: committed layers are never written, each container writes to a layer of its own.
+        """
+        marks = {name: tar.name for name, (_, tar) in self.images.items()}
+        if self._marks(0) != marks:
+            self._start_containerd(0)
+            try:
+                self._import_images(0, marks)
+            finally:
+                stop_process_group(self.processes.pop("containerd-0"))
+        root0 = self._containerd_paths(0)[0]
+        for i in range(1, self.count):
+            if self._marks(i) == marks:
+                continue
+            began = time.monotonic()
+            root = self._containerd_paths(i)[0]
+            shutil.rmtree(root, ignore_errors=True)
+            sh("cp", "-al", str(root0), str(root))
+            for db in root.rglob("*.db"):  # bolt databases are written: each node its own
+                copy = db.with_name(db.name + ".copy")
+                shutil.copy2(db, copy)
+                copy.replace(db)
+            log.info("node %d: images linked from node 0 in %.1fs", i, time.monotonic() - began)
+
+    def _marks_file(self, i: int) -> Path:
+        return self._containerd_paths(i)[0] / "monarch-spmd-imported.json"
+
+    def _marks(self, i: int) -> dict[str, str]:
         try:
-            marks = json.loads(marks_file.read_text())
+            return json.loads(self._marks_file(i).read_text())
         except (OSError, ValueError):
-            marks = {}
+            return {}
+
+    def _import_images(self, i: int, want: dict[str, str]) -> None:
+        marks = self._marks(i)
         present = set(self.ctr(i, "images", "ls", "-q").stdout.split())
         for name, (ref, tar) in self.images.items():
-            if marks.get(name) == tar.name and containerd_ref(ref) in present:
+            if marks.get(name) == want[name] and containerd_ref(ref) in present:
                 continue
             began = time.monotonic()
             self.ctr(i, "images", "import", str(tar))
-            marks[name] = tar.name
-            marks_file.write_text(json.dumps(marks, indent=1))
+            marks[name] = want[name]
             log.info("node %d: imported %s in %.0fs", i, ref, time.monotonic() - began)
+        # Images no longer wanted (e.g. a tar renamed) are left to containerd's garbage collector.
+        marks = {k: v for k, v in marks.items() if k in want}
+        tmp = self._marks_file(i).with_suffix(".tmp")  # never written in place: it may be linked
+        tmp.write_text(json.dumps(marks, indent=1))
+        tmp.replace(self._marks_file(i))
 
     def _start_kubelet(self, i: int) -> None:
         node_dir = self.dir / f"node-{i}"
