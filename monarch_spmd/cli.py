@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 
 from . import runner
-from .payload import worker
+from .payload import names, worker
 
 USAGE = """usage: monarch-spmd {run,worker,logs,validate} ...
 
@@ -55,6 +55,8 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--rendezvous-timeout", type=int, metavar="SECONDS",
                    help="seconds a worker waits for MASTER_ADDR to resolve (spec.rendezvousTimeoutSeconds)")
     p.add_argument("--local-rank-scope", choices=worker.LOCAL_RANK_SCOPES, help="mesh (default) or pod")
+    p.add_argument("--pod-layout", choices=names.POD_LAYOUTS,
+                   help="PerProc (default): one worker per proc; PerHost: one per host, running its procs")
     p.add_argument("--role-name", help="ROLE_NAME (default: default)")
     p.add_argument("--run-id", help="TORCHELASTIC_RUN_ID (default: <job name>-<random>)")
     p.add_argument(
@@ -88,6 +90,7 @@ def run_main(argv: Sequence[str]) -> int:
             rendezvous_timeout=opts.rendezvous_timeout,
             local_rank_scope=opts.local_rank_scope,
             role_name=opts.role_name,
+            pod_layout=opts.pod_layout,
         )
         return runner.run(job, grace_period=opts.grace_period, run_id=opts.run_id)
     except (ValueError, OSError, RuntimeError) as e:

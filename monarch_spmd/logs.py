@@ -29,11 +29,12 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any, Final
 
 from .payload.names import GROUP, PLURAL, VERSION
 from .payload.names import LABEL_JOB as JOB_LABEL
+from .payload.names import LABEL_PROCS as PROCS_LABEL
 from .payload.names import LABEL_RANK as RANK_LABEL
 from .payload.names import LABEL_RESTART as RESTART_LABEL
 from .payload.names import TRAINER_CONTAINER as CONTAINER
@@ -155,10 +156,18 @@ def _label_int(pod: Mapping[str, Any], label: str) -> int | None:
         return None
 
 
+def pod_ranks(pod: Mapping[str, Any]) -> range:
+    """The ranks a pod runs: its rank label, and (PerHost) the next ``procs`` - 1 ranks."""
+    first = _label_int(pod, RANK_LABEL) or 0
+    return range(first, first + max(1, _label_int(pod, PROCS_LABEL) or 1))
+
+
 def select_pods(
     pods: Iterable[Mapping[str, Any]], job: str, restart: int, ranks: Sequence[int] | None = None
 ) -> list[tuple[int, Mapping[str, Any]]]:
-    """The ``(rank, pod)`` pairs of one gang attempt of ``job``, in rank order.
+    """The ``(first rank, pod)`` pairs of one gang attempt of ``job``, in rank order.
+
+    A PerHost pod runs several ranks (:func:`pod_ranks`); it is kept when any of them is asked for.
 
     Args:
         pods: pods as plain dicts (``metadata.name``, ``metadata.labels``), e.g. a pod list's items.
@@ -186,14 +195,15 @@ def select_pods(
         if rank is not None:
             by_rank[rank] = pod
     if ranks is not None:
-        missing = sorted(set(ranks) - set(by_rank))
+        have = sorted({r for pod in by_rank.values() for r in pod_ranks(pod)})
+        missing = sorted(set(ranks) - set(have))
         if missing:
-            have = sorted(by_rank)
             raise LogsError(
                 f"spmdjob {job} restart {restart} has no pod for rank(s) {', '.join(map(str, missing))}; "
                 f"it has rank(s) {_ranges(have)}"
             )
-        by_rank = {r: p for r, p in by_rank.items() if r in set(ranks)}
+        wanted = set(ranks)
+        by_rank = {r: p for r, p in by_rank.items() if wanted.intersection(pod_ranks(p))}
     return sorted(by_rank.items(), key=lambda item: item[0])
 
 
@@ -214,31 +224,46 @@ class LineSplitter:
     """Turns a stream of byte chunks into whole prefixed lines.
 
     A chunk may end in the middle of a line (or of a UTF-8 character); the rest is kept until the
-    next chunk or :meth:`flush`. Undecodable bytes become U+FFFD rather than errors.
+    next chunk or :meth:`flush`. Undecodable bytes become U+FFFD rather than errors. With
+    ``keep``, only the lines it accepts are returned.
     """
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, keep: Callable[[str], bool] | None = None) -> None:
         self.prefix = prefix
+        self.keep = keep
         self._pending = b""
 
     def feed(self, chunk: bytes) -> list[str]:
         """The whole lines completed by ``chunk``, each prefixed, without their line ends."""
         data = self._pending + chunk
         *lines, self._pending = data.split(b"\n")
-        return [self._format(line) for line in lines]
+        return self._format(lines)
 
     def flush(self) -> list[str]:
         """The last, unterminated line, if any."""
         rest, self._pending = self._pending, b""
-        return [self._format(rest)] if rest else []
+        return self._format([rest]) if rest else []
 
-    def _format(self, line: bytes) -> str:
-        return self.prefix + line.rstrip(b"\r").decode("utf-8", errors="replace")
+    def _format(self, lines: list[bytes]) -> list[str]:
+        text = [line.rstrip(b"\r").decode("utf-8", errors="replace") for line in lines]
+        return [self.prefix + t for t in text if self.keep is None or self.keep(t)]
 
 
-def prefix_lines(prefix: str, text: bytes | str) -> list[str]:
+def splitter_for(pod: Mapping[str, Any], ranks: Sequence[int] | None) -> LineSplitter:
+    """How a pod's lines are shown: prefixed with its rank; a PerHost pod's lines carry their rank
+    prefixes already (its worker writes them) and, with ``ranks``, only those ranks' lines stay."""
+    own = pod_ranks(pod)
+    if len(own) == 1:
+        return LineSplitter(rank_prefix(own[0]))
+    if ranks is None:
+        return LineSplitter("")
+    prefixes = tuple(rank_prefix(r) for r in ranks if r in own)
+    return LineSplitter("", keep=lambda line: line.startswith(prefixes))
+
+
+def prefix_lines(prefix: str, text: bytes | str, keep: Callable[[str], bool] | None = None) -> list[str]:
     """Every line of a whole log, prefixed (a final line without a line end included)."""
-    splitter = LineSplitter(prefix)
+    splitter = LineSplitter(prefix, keep)
     data = text.encode("utf-8") if isinstance(text, str) else text
     return splitter.feed(data) + splitter.flush()
 
@@ -325,6 +350,24 @@ def _pod_name(pod: Mapping[str, Any]) -> str:
     return str((pod.get("metadata") or {}).get("name"))
 
 
+def check_container(pod: Mapping[str, Any], container: str) -> None:
+    """Raises LogsError unless ``pod`` has a container named ``container`` (naming those it has)."""
+    spec = pod.get("spec") or {}
+    have = [c.get("name") for key in ("containers", "initContainers") for c in spec.get(key) or []]
+    if container not in have:
+        raise LogsError(
+            f"pod {_pod_name(pod)} has no container {container!r}; its containers are {', '.join(map(str, have))}"
+        )
+
+
+#: What the API server says (HTTP 400) while a container has no log yet, as opposed to a bad request.
+_NOT_YET: Final = ("waiting to start", "ContainerCreating", "PodInitializing", "is not available")
+
+
+def _not_started(err: Any) -> bool:
+    return err.status == 400 and any(text in str(err.body or "") for text in _NOT_YET)
+
+
 def _read_log(api_client: Any, namespace: str, pod: str, container: str, tail: int | None) -> bytes | None:
     """A pod's whole log, or None when its container has not started (or the pod is gone)."""
     from kubernetes import client
@@ -336,7 +379,7 @@ def _read_log(api_client: Any, namespace: str, pod: str, container: str, tail: i
     try:
         return client.CoreV1Api(api_client).read_namespaced_pod_log(pod, namespace, **kwargs).data
     except ApiException as err:
-        if err.status in (400, 404):
+        if err.status == 404 or _not_started(err):
             return None
         raise _api_error(err, f"reading the log of pod {pod}") from None
 
@@ -350,6 +393,7 @@ def _follow_pod(
     tail: int | None,
     out: _Output,
     errors: list[str],
+    splitter: LineSplitter,
 ) -> None:
     """Streams one pod's log to ``out`` until its container ends (waits while it has not started)."""
     from kubernetes import client
@@ -364,7 +408,7 @@ def _follow_pod(
             resp = api.read_namespaced_pod_log(pod, namespace, **kwargs)
             break
         except ApiException as err:
-            if err.status == 400:  # ContainerCreating / Pending: no log to stream yet
+            if _not_started(err):  # ContainerCreating / Pending: no log to stream yet
                 time.sleep(POLL_SECONDS)
                 continue
             if err.status == 404:
@@ -375,7 +419,6 @@ def _follow_pod(
         except Exception as err:  # noqa: BLE001 - a thread must report, not die silently
             errors.append(f"rank {rank}: streaming the log of pod {pod}: {err}")
             return
-    splitter = LineSplitter(rank_prefix(rank))
     try:
         for chunk in resp.stream(4096, decode_content=True):
             out.lines(splitter.feed(chunk))
@@ -411,6 +454,8 @@ def run(opts: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> int:
                 waited = True
             time.sleep(POLL_SECONDS)
 
+    for _, pod in selected:
+        check_container(pod, opts.container)
     out = _Output(stdout)
     if not opts.follow:
         for rank, pod in selected:
@@ -419,14 +464,16 @@ def run(opts: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> int:
                 phase = (pod.get("status") or {}).get("phase", "unknown")
                 stderr.write(f"{_PROG}: rank {rank}: pod {_pod_name(pod)} has no log yet (phase {phase})\n")
                 continue
-            out.lines(prefix_lines(rank_prefix(rank), data))
+            splitter = splitter_for(pod, opts.ranks)
+            out.lines(splitter.feed(data) + splitter.flush())
         return 0
 
     errors: list[str] = []
     threads = [
         threading.Thread(
             target=_follow_pod,
-            args=(api_client, namespace, _pod_name(pod), opts.container, rank, opts.tail, out, errors),
+            args=(api_client, namespace, _pod_name(pod), opts.container, rank, opts.tail, out, errors,
+                  splitter_for(pod, opts.ranks)),
             name=f"logs-rank-{rank}",
             daemon=True,
         )

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from .payload.names import EX_TEMPFAIL, EX_USAGE, TRAINER_CONTAINER
+from .payload.names import EX_TEMPFAIL, EX_USAGE, PER_HOST, TRAINER_CONTAINER
 from .payload.worker import SCOPE_MESH, SCOPE_POD
 from .spec import JobSpec
 
@@ -96,13 +96,32 @@ def _gpus_of(container: Mapping[str, Any]) -> bool:
     return False
 
 
+def procs_per_pod(spec: JobSpec) -> int:
+    """How many procs one pod (one worker) runs: 1, or the last dimension's size in PerHost."""
+    return spec.mesh[-1].size if spec.pod_layout == PER_HOST else 1
+
+
+def pods_per_attempt(spec: JobSpec) -> int:
+    """How many pods (workers) one attempt of the gang has."""
+    return spec.world_size // procs_per_pod(spec)
+
+
+def gpus_per_pod(spec: JobSpec) -> int:
+    """The ``nvidia.com/gpu`` limit of one pod: gpusPerProc for each of its procs."""
+    return spec.gpus_per_proc * procs_per_pod(spec)
+
+
 def local_rank_scope(spec: JobSpec) -> str:
     """``pod`` when each pod of one proc holds GPUs, else ``mesh`` (see the worker's table).
 
     GPUs are held when ``gpusPerProc`` is at least 1 or the trainer container of the template
     asks for ``nvidia.com/gpu``. With ``pod`` every proc is its own torchrun node (LOCAL_RANK=0,
-    LOCAL_WORLD_SIZE=1), so ``torch.cuda.set_device(LOCAL_RANK)`` picks the one GPU it sees.
+    LOCAL_WORLD_SIZE=1), so ``torch.cuda.set_device(LOCAL_RANK)`` picks the one GPU it sees. In
+    the PerHost layout a pod holds its host's procs and their GPUs, and LOCAL_RANK is always the
+    coordinate on the last dimension (``mesh``), as under ``torchrun --nproc-per-node``.
     """
+    if spec.pod_layout == PER_HOST:
+        return SCOPE_MESH
     if spec.gpus_per_proc >= 1:
         return SCOPE_POD
     trainer = trainer_container(spec.template)

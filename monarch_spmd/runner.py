@@ -8,9 +8,10 @@ Kubernetes code; PyYAML is needed only to read a manifest.
 
 Behaviour, modelled on torchrun's local agent:
 
-* every rank's process starts at once, ``sys.executable -m monarch_spmd.payload.worker -- ARGV``,
-  each in its own process group, with MASTER_ADDR 127.0.0.1 and a free port unless the manifest
-  (or ``--master-port``) sets one;
+* one worker process per pod the operator would create, all started at once,
+  ``sys.executable -m monarch_spmd.payload.worker -- ARGV``, each in its own process group, with
+  MASTER_ADDR 127.0.0.1 and a free port unless the manifest (or ``--master-port``) sets one; in
+  the PerHost layout each worker runs its host's procs itself, as in a pod;
 * every output line is prefixed with its rank (``[rank 3] ...``): stdout to stdout, stderr to
   stderr; the runner's own lines start with ``[monarch-spmd]`` and go to stderr;
 * when a rank exits non-zero at any moment the other ranks are stopped at once (SIGTERM, which
@@ -34,19 +35,17 @@ from __future__ import annotations
 
 import copy
 import os
-import selectors
 import signal
-import subprocess
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import IO, Any, Final
 
 from . import policy, spec
-from .payload import contract, names, worker
+from .payload import contract, gang, names, worker
 from .ports import free_port
 from .spec import JobSpec
 
@@ -163,6 +162,7 @@ def job_from_args(
     rendezvous_timeout: int | None = None,
     local_rank_scope: str | None = None,
     role_name: str | None = None,
+    pod_layout: str | None = None,
 ) -> LocalJob:
     """A :class:`LocalJob` from the CLI's pieces: a manifest and/or ``--mesh``, argv, overrides.
 
@@ -189,6 +189,8 @@ def job_from_args(
         body["masterPort"] = master_port
     if rendezvous_timeout is not None:
         body["rendezvousTimeoutSeconds"] = rendezvous_timeout
+    if pod_layout is not None:
+        body["podLayout"] = pod_layout
     if max_restarts is not None:
         body["restartPolicy"] = {**(body.get("restartPolicy") or {}), "maxRestarts": max_restarts}
     elif not manifest:
@@ -223,196 +225,45 @@ class _Interrupted(Exception):
         self.signum = signum
 
 
-@dataclass
-class _Proc:
-    rank: int
-    popen: subprocess.Popen[bytes]
-    partial: dict[int, bytes] = field(default_factory=dict)
-    code: int | None = None
-
-
-def _exit_code(returncode: int) -> int:
-    return 128 - returncode if returncode < 0 else returncode
-
-
-class _Output:
-    """Writes prefixed lines to the runner's stdout/stderr (bytes when the stream has a buffer)."""
-
-    def __init__(self, out: IO[str], err: IO[str]) -> None:
-        self.streams = {1: out, 2: err}
-
-    def write(self, which: int, data: bytes) -> None:
-        stream = self.streams[which]
-        buffer = getattr(stream, "buffer", None)
-        if buffer is not None:
-            stream.flush()
-            buffer.write(data)
-            buffer.flush()
-        else:
-            stream.write(data.decode("utf-8", "replace"))
-            stream.flush()
-
-    def note(self, message: str) -> None:
-        self.write(2, f"{_TAG} {message}\n".encode())
-
-
-def _gpu_env(job: LocalJob, rank: int, base: Mapping[str, str]) -> dict[str, str]:
-    """CUDA_VISIBLE_DEVICES for a proc holding ``gpusPerProc`` GPUs: its own slice, as in a pod."""
+def _gpu_env(job: LocalJob, first_rank: int, procs: int, base: Mapping[str, str]) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES for a worker whose procs hold ``gpusPerProc`` GPUs each: its own slice,
+    as a pod gets its own devices."""
     per = job.spec.gpus_per_proc
     if per < 1 or "CUDA_VISIBLE_DEVICES" in base:
         return {}
-    return {"CUDA_VISIBLE_DEVICES": ",".join(str(d) for d in range(rank * per, (rank + 1) * per))}
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(d) for d in range(first_rank * per, (first_rank + procs) * per))}
 
 
-class _Gang:
-    """One attempt: the worker processes of every rank, their output and their stopping."""
-
-    def __init__(self, job: LocalJob, env: Mapping[str, str], attempt: int, run_id: str, python: str,
-                 output: _Output, grace: float) -> None:
-        self.output = output
-        self.grace = grace
-        self.selector = selectors.DefaultSelector()
-        self.procs: list[_Proc] = []
-        self.first_failure: _Proc | None = None
-        self.stop_deadline: float | None = None
-        self.finished = False
-        self.job = job
-        self.env = dict(env)
-        self.attempt = attempt
-        self.run_id = run_id
-        self.python = python
-        self.port = job.spec.master_port if job.fixed_port else free_port(LOCAL_MASTER_ADDR)
-
-    def start(self) -> None:
-        """Starts one worker per rank, all at once, each in its own process group."""
-        job, port, s = self.job, self.port, self.job.spec
-        base = dict(os.environ)
-        base.setdefault("PYTHONUNBUFFERED", "1")
-        scope = policy.local_rank_scope(s)
-        for rank in range(s.world_size):
-            inputs = worker.worker_input_env(
-                job.mesh,
-                contract.coords_of(job.mesh, rank),
-                LOCAL_MASTER_ADDR,
-                port,
-                restart_count=self.attempt,
-                max_restarts=s.max_restarts,
-                run_id=self.run_id,
-                rendezvous_timeout=s.rendezvous_timeout_seconds,
-                local_rank_scope=scope,
-            )
-            popen = subprocess.Popen(
-                [self.python, "-m", "monarch_spmd.payload.worker", "--", *s.args],
-                env={**base, **inputs, **_gpu_env(job, rank, {**base, **self.env}), **self.env},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
-            proc = _Proc(rank, popen)
-            self.procs.append(proc)
-            for which, pipe in ((1, popen.stdout), (2, popen.stderr)):
-                if pipe is not None:
-                    os.set_blocking(pipe.fileno(), False)
-                    self.selector.register(pipe, selectors.EVENT_READ, (proc, which))
-
-    # output
-
-    def _emit(self, proc: _Proc, which: int, data: bytes, final: bool = False) -> None:
-        buf = proc.partial.get(which, b"") + data
-        *lines, rest = buf.split(b"\n")
-        if final and rest:
-            lines.append(rest)
-            rest = b""
-        proc.partial[which] = rest
-        if lines:
-            prefix = f"[rank {proc.rank}] ".encode()
-            self.output.write(which, b"".join(prefix + line + b"\n" for line in lines))
-
-    def pump(self, timeout: float) -> None:
-        """Copies whatever output is ready, waiting at most ``timeout`` seconds for some."""
-        if not self.selector.get_map():
-            time.sleep(timeout)
-            return
-        for key, _ in self.selector.select(timeout):
-            proc, which = key.data
-            try:
-                data = os.read(key.fd, 65536)
-            except BlockingIOError:
-                continue
-            except OSError:
-                data = b""
-            if data:
-                self._emit(proc, which, data)
-            else:
-                self._close(key.fileobj, proc, which)
-
-    def _close(self, fileobj: Any, proc: _Proc, which: int) -> None:
-        self.selector.unregister(fileobj)
-        fileobj.close()
-        self._emit(proc, which, b"", final=True)
-
-    # processes
-
-    def running(self) -> list[_Proc]:
-        return [p for p in self.procs if p.code is None]
-
-    def reap(self) -> None:
-        """Records exits; on the first failure starts stopping the others."""
-        for proc in self.running():
-            rc = proc.popen.poll()
-            if rc is None:
-                continue
-            proc.code = _exit_code(rc)
-            if proc.code != 0 and self.first_failure is None:
-                self.first_failure = proc
-                self.output.note(f"rank {proc.rank} exited with code {proc.code}; stopping the other ranks")
-                self.stop()
-
-    def stop(self) -> None:
-        """SIGTERM to every running worker (forwarded to its training process); SIGKILL later."""
-        if self.stop_deadline is None:
-            self.stop_deadline = time.monotonic() + self.grace
-        for proc in self.running():
-            try:
-                proc.popen.send_signal(signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-
-    def kill_groups(self) -> None:
-        """SIGKILL to every rank's process group: nothing started by this attempt survives it."""
-        for proc in self.procs:
-            try:
-                os.killpg(proc.popen.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-    def step(self) -> bool:
-        """One turn of the loop; False once every rank has exited."""
-        self.pump(0.1)
-        self.reap()
-        if self.stop_deadline is not None and time.monotonic() >= self.stop_deadline and self.running():
-            self.output.note(f"ranks still running {self.grace:g}s after SIGTERM; sending SIGKILL")
-            self.kill_groups()
-            self.stop_deadline = float("inf")
-        return bool(self.running())
-
-    def finish(self) -> None:
-        """Kills leftovers, reaps every worker and drains the rest of the output (once)."""
-        if self.finished:
-            return
-        self.finished = True
-        self.kill_groups()
-        for proc in self.procs:
-            proc.popen.wait()
-        self.reap()
-        deadline = time.monotonic() + 2.0
-        while self.selector.get_map() and time.monotonic() < deadline:
-            self.pump(0.05)
-        for key in list(self.selector.get_map().values()):
-            proc, which = key.data
-            self._close(key.fileobj, proc, which)
-        self.selector.close()
+def _members(job: LocalJob, env: Mapping[str, str], attempt: int, run_id: str, python: str, port: int) -> list[gang.Member]:
+    """One worker per pod the operator would create: per proc, or per host (PerHost)."""
+    s = job.spec
+    base = dict(os.environ)
+    base.setdefault("PYTHONUNBUFFERED", "1")
+    per_host = s.pod_layout == names.PER_HOST
+    procs = s.mesh[-1].size if per_host else 1
+    members = []
+    for index in range(s.world_size // procs):
+        first = index * procs
+        coords = contract.coords_of(job.mesh, first)
+        inputs = worker.worker_input_env(
+            job.mesh,
+            coords[:-1] if per_host else coords,
+            LOCAL_MASTER_ADDR,
+            port,
+            restart_count=attempt,
+            max_restarts=s.max_restarts,
+            run_id=run_id,
+            rendezvous_timeout=s.rendezvous_timeout_seconds,
+            local_rank_scope=policy.local_rank_scope(s),
+            pod_layout=s.pod_layout,
+        )
+        members.append(gang.Member(
+            rank=first,
+            command=[python, "-m", "monarch_spmd.payload.worker", "--", *s.args],
+            env={**base, **inputs, **_gpu_env(job, first, procs, {**base, **env}), **env},
+            prefix=not per_host,  # a PerHost worker prefixes its procs' lines itself
+        ))
+    return members
 
 
 def run(
@@ -437,13 +288,26 @@ def run(
         LocalRunError: for a spec field that cannot be honoured locally (nothing is started).
     """
     env, notes = check_local(job)
-    output = _Output(stdout or sys.stdout, stderr or sys.stderr)
+    write = gang.stream_writer(stdout or sys.stdout, stderr or sys.stderr)
+
+    def note(message: str) -> None:
+        write(2, f"{_TAG} {message}\n".encode())
+
     run_id = run_id or f"{job.name}-{uuid.uuid4().hex[:8]}"
     exe = python or sys.executable
     s = job.spec
     world = s.world_size
+    per_host = s.pod_layout == names.PER_HOST
     for message in notes:
-        output.note(message)
+        note(message)
+
+    def what(rank: int) -> str:
+        if not per_host:
+            return f"rank {rank}"
+        return f"the worker of ranks {rank}..{rank + s.mesh[-1].size - 1}"
+
+    def on_failure(rank: int, code: int) -> None:
+        note(f"{what(rank)} exited with code {code}; stopping the other ranks")
     deadline = time.monotonic() + s.active_deadline_seconds if s.active_deadline_seconds else None
 
     def interrupted(signum: int, _frame: object) -> None:
@@ -455,45 +319,46 @@ def run(
     try:
         attempt = 0
         while True:
-            gang = _Gang(job, env, attempt, run_id, exe, output, grace_period)
-            output.note(
-                f"attempt {attempt}: {world} ranks of mesh {contract.format_mesh(job.mesh)}, master "
-                f"{LOCAL_MASTER_ADDR}:{gang.port}, run id {run_id}"
-            )
+            port = s.master_port if job.fixed_port else free_port(LOCAL_MASTER_ADDR)
+            group = gang.Gang(_members(job, env, attempt, run_id, exe, port), write, grace_period, on_failure)
+            note(f"attempt {attempt}: {world} ranks of mesh {contract.format_mesh(job.mesh)}, master "
+                 f"{LOCAL_MASTER_ADDR}:{port}, run id {run_id}")
             expired = False
             try:
-                gang.start()
-                while gang.step():
+                group.start()
+                while group.step():
+                    if group.killed:
+                        note(f"ranks still running {grace_period:g}s after SIGTERM; sent SIGKILL")
+                        group.killed = False
                     if deadline is not None and not expired and time.monotonic() >= deadline:
                         expired = True
-                        output.note(f"activeDeadlineSeconds ({s.active_deadline_seconds}s) passed; stopping all ranks")
-                        gang.stop()
+                        note(f"activeDeadlineSeconds ({s.active_deadline_seconds}s) passed; stopping all ranks")
+                        group.stop()
             except _Interrupted as e:
-                name = signal.Signals(e.signum).name
-                output.note(f"{name} received; stopping all ranks")
+                note(f"{signal.Signals(e.signum).name} received; stopping all ranks")
                 for sig in handlers:
                     signal.signal(sig, signal.SIG_IGN)
-                gang.stop()
-                while gang.step():
+                group.stop()
+                while group.step():
                     pass
                 return 128 + e.signum
             finally:
-                gang.finish()
+                group.finish()
             if expired:
-                output.note(f"job failed: DeadlineExceeded (active longer than {s.active_deadline_seconds}s)")
+                note(f"job failed: DeadlineExceeded (active longer than {s.active_deadline_seconds}s)")
                 return EX_DEADLINE
-            failure = gang.first_failure
+            failure = group.first_failure
             if failure is None:
-                output.note(f"all {world} ranks succeeded")
+                note(f"all {world} ranks succeeded")
                 return 0
             code = failure.code if failure.code is not None else 1
             permanent = policy.is_permanent(s, code, None)
             if attempt < s.max_restarts and not permanent:
                 attempt += 1
-                output.note(f"restarting the gang (restart {attempt} of at most {s.max_restarts})")
+                note(f"restarting the gang (restart {attempt} of at most {s.max_restarts})")
                 continue
             why = " (not retryable)" if permanent else ""
-            output.note(f"job failed: rank {failure.rank} exited with code {code}{why}")
+            note(f"job failed: {what(failure.member.rank)} exited with code {code}{why}")
             return code
     finally:
         for sig, handler in handlers.items():

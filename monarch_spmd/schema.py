@@ -32,6 +32,7 @@ what would be valid.
 from __future__ import annotations
 
 import copy
+import datetime
 import math
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -502,6 +503,30 @@ _OBJECT_META_FIELDS: Final = (
     "annotations", "ownerReferences", "finalizers", "managedFields",
 )
 _ANNOTATIONS_LIMIT: Final = 256 * 1024
+_RFC3339: Final = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})")
+
+
+def _is_time(value: Any) -> bool:
+    """A metav1.Time in JSON: an RFC 3339 date and time (Go's time.RFC3339 layout)."""
+    m = _RFC3339.fullmatch(value) if isinstance(value, str) else None
+    if not m:
+        return False
+    year, month, day, hour, minute, second = (int(g) for g in m.groups()[:6])
+    zone = m.group(8)
+    try:
+        datetime.datetime(year, month, day, hour, minute, second)
+    except ValueError:
+        return False
+    return zone == "Z" or (int(zone[1:3]) < 24 and int(zone[4:6]) < 60)
+
+
+#: (field, check, what is expected) of ObjectMeta's scalar and list fields.
+_OBJECT_META_TYPES: Final = (
+    *((key, lambda v: isinstance(v, str), "a string") for key in ("name", "generateName", "namespace", "selfLink", "uid", "resourceVersion")),
+    *((key, is_json_int, "an integer") for key in ("generation", "deletionGracePeriodSeconds")),
+    *((key, _is_time, "an RFC 3339 time, e.g. 2025-01-31T12:00:00Z") for key in ("creationTimestamp", "deletionTimestamp")),
+    *((key, lambda v: isinstance(v, list), "a list") for key in ("finalizers", "ownerReferences", "managedFields")),
+)
 
 
 def qualified_name_error(key: str) -> str | None:
@@ -521,9 +546,10 @@ def qualified_name_error(key: str) -> str | None:
 class ObjectMeta(Node):
     """The root's ``metadata``: the CRD may declare nothing but its type; the API machinery checks it.
 
-    Checked here: unknown fields; name, generateName, namespace (strings; a name or a
-    generateName is required; a namespace is a DNS label); labels and annotations (keys and
-    values as Kubernetes validates them). Other fields are taken as they are.
+    Checked here as Kubernetes checks them on create: unknown fields; the types of the scalar
+    fields (timestamps are RFC 3339); name or generateName (one is required; a generateName is a
+    DNS subdomain prefix); namespace (a DNS label); labels and annotations (keys, values, total
+    size); finalizers (qualified names). ownerReferences and managedFields are taken as they are.
     """
 
     type_name: ClassVar[str] = "object"
@@ -538,11 +564,22 @@ class ObjectMeta(Node):
         return {"type": "object"}
 
     def bounds(self, value: Any) -> Iterator[Problem]:
-        for key in ("name", "generateName", "namespace"):
-            if value.get(key) is not None and not isinstance(value[key], str):
-                yield Problem(f".{key}", f"{show(value[key])} is not valid; expected a string", blocking=True)
+        for key, ok, expected in _OBJECT_META_TYPES:
+            if value.get(key) is not None and not ok(value[key]):
+                yield Problem(f".{key}", f"{show(value[key])} is not valid; expected {expected}", blocking=True)
         if not value.get("name") and not value.get("generateName"):
             yield Problem(".name", "required; name the object", blocking=True)
+        prefix = value.get("generateName")
+        if isinstance(prefix, str) and prefix:
+            # Kubernetes checks a prefix with its trailing '-' (and the character before) masked.
+            masked = prefix[:-2] + "a" if len(prefix) > 1 and prefix.endswith("-") else prefix
+            if len(masked) > 253 or not _DNS_1123_SUBDOMAIN.fullmatch(masked):
+                yield Problem(".generateName", f"{show(prefix)} is not a name prefix: lowercase letters, digits, "
+                              "'-' and '.', starting with a letter or digit")
+        for i, finalizer in enumerate(value.get("finalizers") or ()):
+            error = qualified_name_error(finalizer) if isinstance(finalizer, str) else "expected a string"
+            if error:
+                yield Problem(f".finalizers[{i}]", f"{show(finalizer)}: {error}", blocking=not isinstance(finalizer, str))
         namespace = value.get("namespace")
         if isinstance(namespace, str) and namespace and (len(namespace) > 63 or not _DNS_1123_LABEL.fullmatch(namespace)):
             yield Problem(".namespace", f"{show(namespace)} is not a namespace name (a DNS label: lowercase "

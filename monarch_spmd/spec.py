@@ -106,6 +106,10 @@ POD_REPLACEMENT_TERMINATING_OR_FAILED: Final = "TerminatingOrFailed"
 POD_REPLACEMENT_POLICIES: Final = (POD_REPLACEMENT_FAILED, POD_REPLACEMENT_TERMINATING_OR_FAILED)
 DEFAULT_POD_REPLACEMENT_POLICY: Final = POD_REPLACEMENT_FAILED
 DEFAULT_REPLACEMENT_TIMEOUT: Final = 120
+#: spec.podLayout: one pod per proc, or one per host (the last dimension's procs share a pod).
+PER_PROC: Final = names.PER_PROC
+PER_HOST: Final = names.PER_HOST
+POD_LAYOUTS: Final = names.POD_LAYOUTS
 
 #: Worker input variables a user may set in the template's ``trainer`` container (the user's value
 #: wins). Every other ``MONARCH_SPMD_*`` variable belongs to the operator and is rejected.
@@ -119,6 +123,8 @@ IMAGE_REFERENCE: Final = Pattern("^[!-~]+$")
 INTERPRETER: Final = Pattern(r"^[^\x00-\x20\x7f]+$")
 #: A pod or container reason as Kubernetes reports it: OOMKilled, Evicted, OutOfnvidia.com/gpu.
 REASON: Final = Pattern("^[A-Za-z][-A-Za-z0-9_.:/]*$")
+#: A memory quantity as Kubernetes writes one: 512Mi, 2Gi, 1G, 1000000 (a subset of resource.Quantity).
+MEMORY_QUANTITY: Final = Pattern("^[0-9]+([.][0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 
 
 class SpecError(ValueError):
@@ -175,6 +181,9 @@ class JobSpec:
         active_deadline_seconds: the job fails with DeadlineExceeded after running this long.
         ttl_seconds_after_finished: the job is deleted this long after it finished.
         suspend: hold the job: no pods run while true.
+        pod_layout: ``PerProc`` (one pod per proc) or ``PerHost`` (one pod per coordinate of all
+            dimensions but the last; its worker runs the last dimension's procs).
+        shm_size: the size limit of the pod's memory-backed /dev/shm, or None (no own limit).
         template: the pod template (``metadata`` labels/annotations, ``spec``), deep-copied.
     """
 
@@ -195,6 +204,8 @@ class JobSpec:
     active_deadline_seconds: int | None = None
     ttl_seconds_after_finished: int | None = None
     suspend: bool = False
+    pod_layout: str = PER_PROC
+    shm_size: str | None = None
     template: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=True)
 
     @property
@@ -643,6 +654,28 @@ SPEC: Final = Obj(
                 the activeDeadlineSeconds clock. The convention Kueue uses to admit jobs. Default
                 false."""),
         ),
+        "podLayout": Str(
+            enum=POD_LAYOUTS, default=PER_PROC,
+            rules=(schema.Immutable("spec.podLayout is immutable: delete the job and create it again to change it"),),
+            description=_d("""
+                How procs map to pods. PerProc (default): one pod per proc, each its own container;
+                with gpusPerProc each pod holds its GPUs and is its own torchrun node. PerHost: one
+                pod per coordinate of every dimension but the last (a "host"), whose worker starts
+                the last dimension's procs as local processes, as torchrun --nproc-per-node does:
+                LOCAL_RANK is the proc's index in the pod, LOCAL_WORLD_SIZE the last dimension's
+                size, and the pod requests gpusPerProc times that many GPUs. Use PerHost on GPU
+                nodes: NCCL reaches the other GPUs of the pod through NVLink and shared memory,
+                which it cannot across containers. Immutable after creation."""),
+        ),
+        "shmSize": Str(
+            max_length=32,
+            rules=(Matches(MEMORY_QUANTITY, "a memory quantity such as 512Mi, 2Gi or 1G"),),
+            description=_d("""
+                Size limit of the memory-backed /dev/shm every pod gets (NCCL, gloo and DataLoader
+                workers use shared memory; a container runtime's default is often 64 MiB). A
+                quantity such as 2Gi; it counts against the pod's memory limit. Unset: no limit of
+                its own. A volume the template mounts at /dev/shm replaces it."""),
+        ),
         "template": TEMPLATE,
     },
 )
@@ -663,6 +696,9 @@ STATUS: Final = Obj(
         "mesh": Str(description="The ordered mesh as name=size pairs, e.g. hosts=2,gpus=4."),
         "procs": Int(description="The number of procs (pods per attempt)."),
         "restarts": Int(description="How many times the gang was replaced; the current attempt's number (TORCHELASTIC_RESTART_COUNT)."),
+        "disruptions": Int(description=_d("""
+            How many of those replacements followed a disruption (a pod preempted, evicted, drained
+            or lost with its node): they do not count against restartPolicy.maxRestarts.""")),
         "running": Int(description="Procs of the current attempt whose pod is running."),
         "succeeded": Int(description="Procs of the current attempt that exited 0."),
         "failed": Int(description="Procs of the current attempt that failed."),
@@ -684,6 +720,7 @@ STATUS: Final = Obj(
                 "message": Str(description="The last lines of the termination message or log."),
                 "restart": Int(description="The attempt (restart count) that failed."),
                 "permanent": Bool(description="Whether the failure was judged permanent (no restart)."),
+                "disruption": Bool(description="Whether the cluster took the pod away (preemption, eviction, node loss): not counted against maxRestarts."),
                 "time": Str(format=_TIME, description="When the failure happened (or was observed)."),
             },
         ),

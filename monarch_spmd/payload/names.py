@@ -27,6 +27,8 @@ LABEL_JOB_UID: Final = f"{LABEL_PREFIX}job-uid"
 LABEL_RANK: Final = f"{LABEL_PREFIX}rank"
 #: On every pod and per-attempt Service: the gang attempt (restart count) it belongs to.
 LABEL_RESTART: Final = f"{LABEL_PREFIX}restart"
+#: On a PerHost pod: how many procs it runs (its log lines carry rank prefixes already).
+LABEL_PROCS: Final = f"{LABEL_PREFIX}procs"
 #: Followed by a mesh dimension's name: the pod's coordinate on that dimension.
 COORD_LABEL_PREFIX: Final = f"{LABEL_PREFIX}coord-"
 
@@ -50,6 +52,13 @@ RUN_ID_VAR: Final = "MONARCH_SPMD_RUN_ID"
 ROLE_NAME_VAR: Final = "MONARCH_SPMD_ROLE_NAME"
 RENDEZVOUS_TIMEOUT_VAR: Final = "MONARCH_SPMD_RENDEZVOUS_TIMEOUT"
 LOCAL_RANK_SCOPE_VAR: Final = "MONARCH_SPMD_LOCAL_RANK_SCOPE"
+POD_LAYOUT_VAR: Final = "MONARCH_SPMD_POD_LAYOUT"
+
+#: ``spec.podLayout``: one pod (one worker) per proc, or per coordinate of every dimension but
+#: the last (a "host"), whose worker starts that host's procs as local processes.
+PER_PROC: Final = "PerProc"
+PER_HOST: Final = "PerHost"
+POD_LAYOUTS: Final = (PER_PROC, PER_HOST)
 #: The prefix of every worker input; the operator owns them all but USER_SETTABLE_VARS.
 RESERVED_PREFIX: Final = "MONARCH_SPMD_"
 #: Worker inputs a user may set in the ``trainer`` container's env (the user's value wins).

@@ -38,7 +38,12 @@ MONARCH_SPMD_LOCAL_RANK_SCOPE       ``mesh`` (default), ``pod`` ``mesh``: LOCAL_
                                                                 torchrun node (LOCAL_RANK=0,
                                                                 LOCAL_WORLD_SIZE=1, RANK and
                                                                 WORLD_SIZE unchanged), for one-GPU
-                                                                pods
+                                                                pods (PerProc only)
+MONARCH_SPMD_POD_LAYOUT             ``PerProc`` (default),      ``PerHost``: this worker is a host:
+                                    ``PerHost``                 MONARCH_SPMD_COORDS has every
+                                                                coordinate but the last, and the
+                                                                worker runs the last dimension's
+                                                                procs as local processes
 ==================================  ==========================  =====================================
 
 What it does, in order:
@@ -54,6 +59,14 @@ What it does, in order:
 4. runs the argv (``-m module args...`` or ``path.py args...``) with ``sys.executable`` as a
    child process, forwards SIGTERM, SIGINT and SIGHUP to it, and exits with the child's exit code
    (128+N when the child was killed by signal N), so it becomes the pod's exit code.
+
+In the PerHost layout step 4 runs one child per proc of the host, all at once, as torchrun's
+agent runs ``--nproc-per-node`` workers (:mod:`.gang`): each with its own environment from the
+contract (LOCAL_RANK = its index on the last dimension), each output line prefixed with its
+rank; the first child to fail stops its siblings (SIGTERM, SIGKILL after
+SIBLING_GRACE_SECONDS) and its exit code becomes the worker's, after a last line naming it
+(``monarch-spmd worker: rank R exited with code C ...``, also written to the termination
+message) so that the job's status names the rank, not only the pod. Signals reach every child.
 """
 
 from __future__ import annotations
@@ -84,13 +97,17 @@ if __name__ == "__main__" and not __package__:
     _spec.loader.exec_module(_package)
     sys.exit(importlib.import_module(f"{_spec.name}.worker").main())
 
-from . import contract
+from . import contract, gang
 from .names import (
     COORDS_VAR,
     EX_TEMPFAIL,
     EX_USAGE,
     LOCAL_RANK_SCOPE_VAR,
     MASTER_ADDR_VAR,
+    PER_HOST,
+    PER_PROC,
+    POD_LAYOUT_VAR,
+    POD_LAYOUTS,
     MASTER_PORT_VAR,
     MAX_RESTARTS_VAR,
     MESH_VAR,
@@ -112,6 +129,7 @@ INPUT_VARS: Final = (
     ROLE_NAME_VAR,
     RENDEZVOUS_TIMEOUT_VAR,
     LOCAL_RANK_SCOPE_VAR,
+    POD_LAYOUT_VAR,
 )
 
 DEFAULT_RUN_ID: Final = "none"
@@ -148,11 +166,21 @@ class WorkerInputs:
     role_name: str = contract.DEFAULT_ROLE_NAME
     rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT
     local_rank_scope: str = SCOPE_MESH
+    pod_layout: str = PER_PROC
+
+    @property
+    def local_procs(self) -> int:
+        """How many procs this worker runs: 1, or the last dimension's size in PerHost."""
+        return self.mesh[-1][1] if self.pod_layout == PER_HOST else 1
+
+    def proc_coords(self, local: int = 0) -> list[int]:
+        """The coordinates of this worker's ``local``-th proc."""
+        return [*self.coords, local] if self.pod_layout == PER_HOST else list(self.coords)
 
     @property
     def rank(self) -> int:
-        """This proc's global rank."""
-        return contract.rank_of(self.mesh, self.coords)
+        """This proc's global rank (the first proc's, in PerHost)."""
+        return contract.rank_of(self.mesh, self.proc_coords(0))
 
 
 def worker_input_env(
@@ -167,6 +195,7 @@ def worker_input_env(
     role_name: str = contract.DEFAULT_ROLE_NAME,
     rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
     local_rank_scope: str = SCOPE_MESH,
+    pod_layout: str = PER_PROC,
 ) -> dict[str, str]:
     """The MONARCH_SPMD_* variables for one proc: what the operator and the local runner inject.
 
@@ -185,6 +214,7 @@ def worker_input_env(
         ROLE_NAME_VAR: role_name,
         RENDEZVOUS_TIMEOUT_VAR: _format_seconds(rendezvous_timeout),
         LOCAL_RANK_SCOPE_VAR: local_rank_scope,
+        POD_LAYOUT_VAR: pod_layout,
     }
     read_inputs(env)
     return env
@@ -224,22 +254,27 @@ def read_inputs(environ: Mapping[str, str]) -> WorkerInputs:
     except ValueError as e:
         raise WorkerInputError(f"{MESH_VAR}={raw_mesh!r}: {e}") from None
 
+    layout = environ.get(POD_LAYOUT_VAR, "").strip() or PER_PROC
+    if layout not in POD_LAYOUTS:
+        raise WorkerInputError(f"{POD_LAYOUT_VAR}: {layout!r} is not valid; expected one of {', '.join(POD_LAYOUTS)}")
+    # A PerHost worker has a coordinate on every dimension but the last (none for a 1-D mesh).
+    want = len(mesh) - 1 if layout == PER_HOST else len(mesh)
     raw_coords = environ.get(COORDS_VAR, "").strip()
-    if not raw_coords:
+    if not raw_coords and want:
         raise WorkerInputError(
-            f"{COORDS_VAR}: not set; expected {len(mesh)} comma-separated coordinates for mesh "
-            f"{contract.format_mesh(mesh)}, e.g. {','.join('0' * len(mesh))}"
+            f"{COORDS_VAR}: not set; expected {want} comma-separated coordinates for mesh "
+            f"{contract.format_mesh(mesh)} ({layout}), e.g. {','.join('0' * want)}"
         )
     try:
-        coords = [int(c) for c in raw_coords.split(",")]
+        coords = [int(c) for c in raw_coords.split(",")] if raw_coords else []
     except ValueError:
         raise WorkerInputError(
             f"{COORDS_VAR}: {raw_coords!r} is not a comma-separated list of integers"
         ) from None
     try:
-        contract.rank_of(mesh, coords)
+        contract.rank_of(mesh, [*coords, 0] if layout == PER_HOST else coords)
     except ValueError as e:
-        raise WorkerInputError(f"{COORDS_VAR}={raw_coords!r}: {e}") from None
+        raise WorkerInputError(f"{COORDS_VAR}={raw_coords!r} ({layout}): {e}") from None
 
     master_addr = environ.get(MASTER_ADDR_VAR, "").strip()
     if not master_addr:
@@ -279,11 +314,13 @@ def read_inputs(environ: Mapping[str, str]) -> WorkerInputs:
         role_name=role_name,
         rendezvous_timeout=timeout,
         local_rank_scope=scope,
+        pod_layout=layout,
     )
 
 
-def build_env(inputs: WorkerInputs, base_env: Mapping[str, str]) -> dict[str, str]:
-    """The torchrun variables for this proc (only those; merge them over ``base_env`` yourself).
+def build_env(inputs: WorkerInputs, base_env: Mapping[str, str], local: int = 0) -> dict[str, str]:
+    """The torchrun variables for this worker's ``local``-th proc (only those; merge them over
+    ``base_env`` yourself).
 
     With the ``pod`` local-rank scope the mesh seen by the contract is the whole world followed by
     a trailing one-proc dimension, so every proc is its own torchrun node: LOCAL_RANK=0,
@@ -291,8 +328,8 @@ def build_env(inputs: WorkerInputs, base_env: Mapping[str, str]) -> dict[str, st
     (Flattening first keeps a 4-dimension mesh within the contract's dimension limit.)
     """
     mesh: list[tuple[str, int]] = inputs.mesh
-    coords: list[int] = inputs.coords
-    if inputs.local_rank_scope == SCOPE_POD:
+    coords: list[int] = inputs.proc_coords(local)
+    if inputs.local_rank_scope == SCOPE_POD and inputs.pod_layout == PER_PROC:
         mesh = [("world", contract.world_size(inputs.mesh)), ("pod", 1)]
         coords = [inputs.rank, 0]
     return contract.torch_elastic_env(
@@ -434,6 +471,60 @@ def _err(message: str) -> None:
     print(f"{_PREFIX}: {message}", file=sys.stderr, flush=True)
 
 
+#: Seconds a PerHost worker gives the siblings of a failed proc between SIGTERM and SIGKILL
+#: (torchrun's agent gives 30); a stop asked for by a signal waits for the children instead,
+#: until the kubelet's own grace period ends.
+SIBLING_GRACE_SECONDS: Final = 30.0
+TERMINATION_LOG: Final = "/dev/termination-log"
+
+
+def failure_line(rank: int, local: int, code: int) -> str:
+    """The last line a PerHost worker writes when one of its procs failed (parsed by the operator)."""
+    return f"{_PREFIX}: rank {rank} exited with code {code} (local rank {local}); stopped the other local ranks"
+
+
+def run_host(inputs: WorkerInputs, command: Sequence[str], base: Mapping[str, str]) -> int:
+    """Runs the host's procs as a gang (see the module docstring); returns the exit code."""
+    first = inputs.rank
+    members = [
+        gang.Member(rank=first + local, command=command, env={**base, **build_env(inputs, base, local)})
+        for local in range(inputs.local_procs)
+    ]
+    failed: list[tuple[int, int]] = []
+    group = gang.Gang(members, gang.stream_writer(sys.stdout, sys.stderr), SIBLING_GRACE_SECONDS,
+                      on_failure=lambda rank, code: failed.append((rank, code)), preexec=_pdeathsig_setter())
+    received: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        received.append(signum)
+        group.grace = 1e9  # the kubelet decides when it is enough
+        group.stop(signum)
+
+    previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
+    try:
+        group.start()
+        while group.step(0.2):
+            pass
+    finally:
+        group.finish()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if failed:
+        rank, code = failed[0]
+        line = failure_line(rank, rank - first, code)
+        _err(line[len(_PREFIX) + 2:])
+        try:
+            with open(TERMINATION_LOG, "w", encoding="utf-8") as f:
+                f.write(line + "\n")
+        except OSError:
+            pass  # not in a pod, or not writable: the log's last line says it
+        return code
+    codes = [p.code for p in group.procs if p.code]
+    if codes:
+        return codes[0]
+    return 128 + received[0] if received and group.killed else 0
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Runs the worker; returns the exit code (see the module docstring).
 
@@ -451,11 +542,17 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         _err(f"bad input: {e}")
         return EX_USAGE
     rank = inputs.rank
+    names = [n for n, _ in inputs.mesh]
+    world, mesh = env["WORLD_SIZE"], contract.format_mesh(inputs.mesh)
+    if inputs.pod_layout == PER_HOST:
+        host = contract.format_mesh(zip(names, inputs.coords)) or "the only host"
+        where = f"ranks {rank}..{rank + inputs.local_procs - 1}/{world} on {host} of mesh {mesh}"
+    else:
+        where = (f"rank {rank}/{world} coords {contract.format_mesh(zip(names, inputs.coords))} of mesh {mesh}, "
+                 f"local rank {env['LOCAL_RANK']}/{env['LOCAL_WORLD_SIZE']}")
     _err(
-        f"rank {rank}/{env['WORLD_SIZE']} coords {contract.format_mesh(zip([n for n, _ in inputs.mesh], inputs.coords))} "
-        f"of mesh {contract.format_mesh(inputs.mesh)}, local rank {env['LOCAL_RANK']}/{env['LOCAL_WORLD_SIZE']}, "
-        f"master {inputs.master_addr}:{inputs.master_port}, restart {inputs.restart_count}/{inputs.max_restarts}, "
-        f"pid {os.getpid()}, running {' '.join(command[1:])}"
+        f"{where}, master {inputs.master_addr}:{inputs.master_port}, "
+        f"restart {inputs.restart_count}/{inputs.max_restarts}, pid {os.getpid()}, running {' '.join(command[1:])}"
     )
     try:
         wait_for_master(inputs.master_addr, inputs.master_port, timeout=inputs.rendezvous_timeout)
@@ -465,6 +562,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except KeyboardInterrupt:
         _err("interrupted while waiting for the master")
         return 128 + signal.SIGINT
+    if inputs.pod_layout == PER_HOST:
+        return run_host(inputs, command, base)
     return run_child(command, {**base, **env})
 
 

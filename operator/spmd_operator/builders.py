@@ -40,6 +40,9 @@ GPU_RESOURCE: Final = policy.GPU_RESOURCE
 #: Scheduling topology for ``colocate``: one node.
 COLOCATE_TOPOLOGY_KEY: Final = "kubernetes.io/hostname"
 COLOCATE_WEIGHT: Final = 100
+#: The memory-backed /dev/shm every pod gets.
+SHM_VOLUME: Final = "dshm"
+SHM_PATH: Final = "/dev/shm"
 #: Downward-API variables every pod gets (name -> fieldPath).
 DOWNWARD_ENV: Final = (
     ("POD_NAME", "metadata.name"),
@@ -152,12 +155,27 @@ def build_worker_configmap(job: JobRef, files: Mapping[str, str]) -> dict[str, A
     }
 
 
-def pod_labels(job: JobRef, spec: JobSpec, rank: int, restart: int) -> dict[str, str]:
-    """The operator's labels of a pod: job, rank, restart and one coordinate per mesh dimension."""
-    coords = contract.coords_of(spec.mesh_pairs, rank)
-    labels = {**job_labels(job), names.LABEL_RANK: str(rank), names.LABEL_RESTART: str(restart)}
-    for dim, c in zip(spec.mesh, coords):
+def pod_coords(spec: JobSpec, index: int) -> list[int]:
+    """The coordinates of pod ``index``: its proc's, or (PerHost) its host's: all but the last."""
+    procs = policy.procs_per_pod(spec)
+    if not 0 <= index < policy.pods_per_attempt(spec):
+        raise ValueError(f"index: {index!r} is out of range; valid is 0..{policy.pods_per_attempt(spec) - 1}")
+    coords = contract.coords_of(spec.mesh_pairs, index * procs)
+    return coords[:-1] if spec.pod_layout == names.PER_HOST else coords
+
+
+def pod_labels(job: JobRef, spec: JobSpec, index: int, restart: int) -> dict[str, str]:
+    """The operator's labels of a pod: job, (first) rank, restart and one label per coordinate.
+
+    A PerHost pod also says how many procs it runs (``spmd.monarch.dev/procs``), so that
+    ``monarch-spmd logs`` knows its lines carry rank prefixes already.
+    """
+    procs = policy.procs_per_pod(spec)
+    labels = {**job_labels(job), names.LABEL_RANK: str(index * procs), names.LABEL_RESTART: str(restart)}
+    for dim, c in zip(spec.mesh, pod_coords(spec, index)):
         labels[names.coord_label(dim.name)] = str(c)
+    if spec.pod_layout == names.PER_HOST:
+        labels[names.LABEL_PROCS] = str(procs)
     return labels
 
 
@@ -168,11 +186,11 @@ def _trainer_index(containers: list[Any]) -> int | None:
     return None
 
 
-def pod_env(job: JobRef, spec: JobSpec, rank: int, restart: int) -> list[dict[str, Any]]:
+def pod_env(job: JobRef, spec: JobSpec, index: int, restart: int) -> list[dict[str, Any]]:
     """The operator's env of a pod: the downward API variables, then the MONARCH_SPMD_* inputs."""
     inputs = worker.worker_input_env(
         spec.mesh_pairs,
-        contract.coords_of(spec.mesh_pairs, rank),
+        pod_coords(spec, index),
         names.master_addr(job, restart),
         spec.master_port,
         restart_count=restart,
@@ -180,6 +198,7 @@ def pod_env(job: JobRef, spec: JobSpec, rank: int, restart: int) -> list[dict[st
         run_id=job.uid,
         rendezvous_timeout=spec.rendezvous_timeout_seconds,
         local_rank_scope=policy.local_rank_scope(spec),
+        pod_layout=spec.pod_layout,
     )
     env: list[dict[str, Any]] = [
         {"name": var, "valueFrom": {"fieldRef": {"fieldPath": path}}} for var, path in DOWNWARD_ENV
@@ -194,9 +213,9 @@ def _merge_env(ours: list[dict[str, Any]], user: list[Any]) -> list[dict[str, An
     return [e for e in ours if e["name"] not in user_names] + [copy.deepcopy(e) for e in user]
 
 
-def _colocate_term(job: JobRef, spec: JobSpec, rank: int, restart: int) -> dict[str, Any]:
+def _colocate_term(job: JobRef, spec: JobSpec, index: int, restart: int) -> dict[str, Any]:
     first = spec.mesh[0].name
-    coord = contract.coords_of(spec.mesh_pairs, rank)[0]
+    coord = pod_coords(spec, index)[0]
     return {
         "weight": COLOCATE_WEIGHT,
         "podAffinityTerm": {
@@ -212,17 +231,34 @@ def _colocate_term(job: JobRef, spec: JobSpec, rank: int, restart: int) -> dict[
     }
 
 
-def build_pod(job: JobRef, spec: JobSpec, rank: int, restart: int) -> dict[str, Any]:
-    """The pod of ``rank`` in gang attempt ``restart``, merged with the user's pod template.
+def _shared_memory(pod_spec: dict[str, Any], trainer: dict[str, Any], spec: JobSpec) -> None:
+    """A memory-backed /dev/shm (NCCL, gloo and DataLoader workers use shared memory), unless the
+    template mounts something there itself. Its size counts against the pod's memory limit."""
+    if any(m.get("mountPath") == SHM_PATH for m in trainer.get("volumeMounts") or []):
+        return
+    empty_dir: dict[str, Any] = {"medium": "Memory"}
+    if spec.shm_size:
+        empty_dir["sizeLimit"] = spec.shm_size
+    pod_spec["volumes"] = [v for v in pod_spec.get("volumes") or [] if v.get("name") != SHM_VOLUME]
+    pod_spec["volumes"].append({"name": SHM_VOLUME, "emptyDir": empty_dir})
+    trainer["volumeMounts"].append({"name": SHM_VOLUME, "mountPath": SHM_PATH})
+
+
+def build_pod(job: JobRef, spec: JobSpec, index: int, restart: int) -> dict[str, Any]:
+    """Pod ``index`` of gang attempt ``restart``, merged with the user's pod template.
+
+    In the PerProc layout pod ``index`` runs rank ``index``; in PerHost it runs the procs of host
+    ``index`` (ranks ``index * L .. index * L + L - 1``, L the last dimension's size) and holds
+    their GPUs (``gpusPerProc * L``).
 
     Args:
         job: the owning job.
         spec: the parsed spec (``spec.image`` must be set).
-        rank: the proc's global rank, 0..world_size-1.
+        index: the pod's index in the gang, 0..pods per attempt - 1.
         restart: the gang attempt, 0 first; goes into the name, a label and the env.
 
     Raises:
-        ValueError: for a rank out of range or a spec without an image (parse the spec with
+        ValueError: for an index out of range or a spec without an image (parse the spec with
             ``require_image=True`` first).
     """
     if not spec.image:
@@ -238,18 +274,19 @@ def build_pod(job: JobRef, spec: JobSpec, rank: int, restart: int) -> dict[str, 
     trainer["image"] = spec.image
     trainer["command"] = [spec.python, names.WORKER_SCRIPT, "--", *spec.args]
     trainer.pop("args", None)
-    trainer["env"] = _merge_env(pod_env(job, spec, rank, restart), list(trainer.get("env") or []))
+    trainer["env"] = _merge_env(pod_env(job, spec, index, restart), list(trainer.get("env") or []))
     mounts = [m for m in trainer.get("volumeMounts") or [] if m.get("name") != names.WORKER_VOLUME]
     mounts.append({"name": names.WORKER_VOLUME, "mountPath": names.WORKER_MOUNT_PATH, "readOnly": True})
     trainer["volumeMounts"] = mounts
     # The end of the log becomes the termination message when the program fails without writing
     # one: status.failure then shows the traceback.
     trainer.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
-    if spec.gpus_per_proc >= 1:
+    gpus = policy.gpus_per_pod(spec)
+    if gpus >= 1:
         resources = trainer.setdefault("resources", {})
-        resources.setdefault("limits", {})[GPU_RESOURCE] = str(spec.gpus_per_proc)
+        resources.setdefault("limits", {})[GPU_RESOURCE] = str(gpus)
         if GPU_RESOURCE in (resources.get("requests") or {}):
-            resources["requests"][GPU_RESOURCE] = str(spec.gpus_per_proc)
+            resources["requests"][GPU_RESOURCE] = str(gpus)
     if idx is None:
         containers.insert(0, trainer)
     else:
@@ -259,19 +296,20 @@ def build_pod(job: JobRef, spec: JobSpec, rank: int, restart: int) -> dict[str, 
     volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") != names.WORKER_VOLUME]
     volumes.append({"name": names.WORKER_VOLUME, "configMap": {"name": names.configmap_name(job)}})
     pod_spec["volumes"] = volumes
+    _shared_memory(pod_spec, trainer, spec)
     pod_spec["restartPolicy"] = "Never"
 
-    if spec.colocate:
+    if spec.colocate and spec.pod_layout != names.PER_HOST:  # a PerHost pod is its host already
         affinity = pod_spec.setdefault("affinity", {})
         preferred = affinity.setdefault("podAffinity", {}).setdefault(
             "preferredDuringSchedulingIgnoredDuringExecution", []
         )
-        preferred.append(_colocate_term(job, spec, rank, restart))
+        preferred.append(_colocate_term(job, spec, index, restart))
 
-    labels = {**(user_meta.get("labels") or {}), **pod_labels(job, spec, rank, restart)}
+    labels = {**(user_meta.get("labels") or {}), **pod_labels(job, spec, index, restart)}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _metadata(job, names.pod_name(job, restart, rank), labels, user_meta.get("annotations")),
+        "metadata": _metadata(job, names.pod_name(job, restart, index), labels, user_meta.get("annotations")),
         "spec": pod_spec,
     }

@@ -26,6 +26,13 @@ from spmd_operator import names
 GROUP, VERSION, PLURAL = "spmd.monarch.dev", "v1alpha1", "spmdjobs"
 PROBE = str(Path(__file__).with_name("probe.py"))
 JOB_LABEL = "spmd.monarch.dev/job"
+#: The operator's resync period in these tests: a stale view must be corrected within it.
+RESYNC_SECONDS = 10
+
+
+def operator_args() -> list[str]:
+    """The flags the end-to-end tests run the operator with."""
+    return ["--liveness", f"http://127.0.0.1:{free_port()}/healthz", "--resync-seconds", str(RESYNC_SECONDS)]
 
 
 def free_port() -> int:
@@ -35,7 +42,7 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def operator(cluster: LocalCluster) -> Iterator[LocalCluster]:
     """The cluster with the SPMDJob CRD applied and the operator running (restarted if a test stopped it)."""
-    cluster.start_operator("--liveness", f"http://127.0.0.1:{free_port()}/healthz")
+    cluster.start_operator(*operator_args())
     yield cluster
     cluster.stop_operator()
 
@@ -45,7 +52,7 @@ def running_operator(operator: LocalCluster) -> LocalCluster:
     """`operator`, made sure to be alive (a previous test may have killed it)."""
     proc = operator.operator_process
     if proc is None or proc.poll() is not None:
-        operator.start_operator("--liveness", f"http://127.0.0.1:{free_port()}/healthz")
+        operator.start_operator(*operator_args())
     return operator
 
 

@@ -302,3 +302,22 @@ def test_retryable_exit_codes_are_the_operators_rule(tmp_path):
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
     assert "restarting the gang (restart 1 of at most 1)" in out
+
+
+def test_the_per_host_layout_runs_one_worker_per_host_as_the_cluster_does():
+    result = run(cli_cmd("run", "--mesh", "hosts=2,gpus=2", "--pod-layout", "PerHost", "--",
+                         "-m", f"{EXAMPLES}.check_env"))
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert ranks_ok(result.stdout, 4) == {0, 1, 2, 3}, out
+    assert "ranks 0..1/4 on hosts=0" in out and "ranks 2..3/4 on hosts=1" in out
+    assert "[rank 0] [rank 0]" not in out, "a PerHost worker's lines are prefixed once"
+
+
+def test_a_failing_proc_of_a_per_host_worker_fails_the_gang():
+    result = run(cli_cmd("run", "--mesh", "hosts=2,gpus=2", "--pod-layout", "PerHost", "--grace-period", "2", "--",
+                         "-m", f"{EXAMPLES}.fail_once", "--rank", "3", "--code", "5", "--sleep", "600"), timeout=120)
+    out = result.stdout + result.stderr
+    assert result.returncode == 5, out
+    assert "monarch-spmd worker: rank 3 exited with code 5 (local rank 1)" in out
+    assert "the worker of ranks 2..3 exited with code 5; stopping the other ranks" in out

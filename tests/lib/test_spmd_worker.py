@@ -15,7 +15,7 @@ import pytest
 
 from monarch_spmd.payload import worker
 
-from .conftest import ROOT, free_port, run, script, worker_cmd, worker_inputs
+from .conftest import ROOT, free_port, pids_in, run, script, wait_dead, worker_cmd, worker_inputs
 
 
 def child_json(stdout: str) -> dict:
@@ -170,3 +170,40 @@ def test_interrupting_the_wait_exits_without_running_the_child(spawn):
     assert proc.finish(60) == 128 + signal.SIGINT
     assert "exit_with rank" not in proc.text
 
+
+
+# --- the PerHost layout: one worker runs the procs of its host ---------------------------------
+
+
+def host_inputs(mesh: str, coords: str, **extra: str) -> dict[str, str]:
+    return worker_inputs(mesh, coords, MONARCH_SPMD_POD_LAYOUT="PerHost", **extra)
+
+
+def test_a_per_host_worker_runs_every_proc_of_its_host_with_its_own_env():
+    # The whole 1x3 mesh in one "pod": three procs join gloo and check every contract variable.
+    result = run(worker_cmd("-m", "tests.programs.check_env"), host_inputs("hosts=1,gpus=3", "0"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    for rank in range(3):
+        assert f"[rank {rank}] check_env rank {rank}/3: ok" in result.stdout, result.stdout + result.stderr
+    assert "ranks 0..2/3 on hosts=0 of mesh hosts=1,gpus=3" in result.stderr
+
+
+def test_a_failing_local_proc_stops_its_siblings_and_names_its_rank():
+    began = time.monotonic()
+    result = run(worker_cmd("-m", "tests.programs.fail_once", "--rank", "4", "--code", "3", "--sleep", "600",
+                            "--no-rendezvous"),
+                 host_inputs("hosts=2,gpus=3", "1"), timeout=120)
+    assert result.returncode == 3, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == "monarch-spmd worker: rank 4 exited with code 3 (local rank 1); stopped the other local ranks"
+    assert time.monotonic() - began < 60, "the siblings were stopped, not waited for"
+    pids = pids_in(result.stdout + result.stderr)
+    assert wait_dead(pids) == set()
+
+
+def test_sigterm_reaches_every_local_proc(spawn):
+    proc = spawn(worker_cmd(script("trap_term.py")), env=host_inputs("hosts=1,gpus=2", "0"))
+    proc.wait_for(r"\] ready", count=2)
+    proc.proc.send_signal(signal.SIGTERM)
+    assert proc.finish(60) == 42
+    assert proc.text.count("got SIGTERM") == 2, proc.text

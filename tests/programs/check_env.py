@@ -8,7 +8,9 @@ below or the MONARCH_SPMD_* inputs a worker was given:
 expectation                 option                        otherwise
 ==========================  ============================  =========================================
 mesh                        ``--mesh hosts=2,gpus=2``     MONARCH_SPMD_MESH (required one way)
-coordinates                 (none)                        MONARCH_SPMD_COORDS, else from RANK
+coordinates                 (none)                        MONARCH_SPMD_COORDS, else from RANK (in a
+                                                          PerHost pod: from RANK, checked against
+                                                          the pod's MONARCH_SPMD_COORDS)
 local-rank scope            ``--local-rank-scope``        MONARCH_SPMD_LOCAL_RANK_SCOPE, else mesh
 master address / port       ``--master-addr/-port``       MONARCH_SPMD_MASTER_ADDR/PORT, else any
 restart count / limit       ``--restart-count/--max-..``  MONARCH_SPMD_RESTART_COUNT/MAX_RESTARTS,
@@ -70,7 +72,8 @@ def expected_env(opts: argparse.Namespace, env: dict[str, str]) -> tuple[dict[st
     mesh = _mesh(mesh_text)
     sizes = [s for _, s in mesh]
     world = math.prod(sizes)
-    if env.get("MONARCH_SPMD_COORDS"):
+    per_host = env.get("MONARCH_SPMD_POD_LAYOUT") == "PerHost"
+    if env.get("MONARCH_SPMD_COORDS") and not per_host:
         coords = [int(c) for c in env["MONARCH_SPMD_COORDS"].split(",")]
         rank = 0
         for size, c in zip(sizes, coords):
@@ -85,6 +88,9 @@ def expected_env(opts: argparse.Namespace, env: dict[str, str]) -> tuple[dict[st
             r, c = divmod(r, size)
             coords.append(c)
         coords.reverse()
+        host = env.get("MONARCH_SPMD_COORDS", "")
+        if per_host and [int(c) for c in host.split(",") if c] != coords[:-1]:
+            problems.append(f"RANK {rank} is not a proc of this PerHost pod (MONARCH_SPMD_COORDS={host!r})")
     scope = opts.local_rank_scope or env.get("MONARCH_SPMD_LOCAL_RANK_SCOPE") or "mesh"
     local_world = 1 if scope == "pod" else sizes[-1]
     local_rank = 0 if scope == "pod" else coords[-1]

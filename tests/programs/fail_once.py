@@ -4,8 +4,8 @@ By default it fails only on the first attempt (TORCHELASTIC_RESTART_COUNT is 0),
 restart succeeds; ``--always`` fails on every attempt. The other ranks sleep ``--sleep`` seconds
 (default 0) and exit 0, so a test can see them stopped early. Every rank prints its pid first.
 
-All ranks first join a gloo process group (as a real training script would; under the worker,
-ranks other than 0 wait for rank 0's TCPStore), unless ``--no-rendezvous`` is given.
+All ranks first join a gloo process group (as a real training script would: each waits in
+init_process_group until every rank has joined), unless ``--no-rendezvous`` is given.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import monarch_spmd
+from monarch_spmd import policy
 from monarch_spmd.payload import worker
 from monarch_spmd.spec import parse_job_spec
 from spmd_operator import builders, names
@@ -170,10 +171,10 @@ def test_user_template_is_merged_and_user_env_wins_where_set():
     assert p["terminationGracePeriodSeconds"] == 120
     assert [c["name"] for c in p["containers"]] == ["sidecar", "trainer"]
     assert p["containers"][0] == {"name": "sidecar", "image": "busybox"}
-    assert [v["name"] for v in p["volumes"]] == ["data", "monarch-spmd-worker"]
+    assert [v["name"] for v in p["volumes"]] == ["data", "monarch-spmd-worker", "dshm"]
     c = trainer(pod)
     assert c["resources"] == {"limits": {"memory": "2Gi"}}
-    assert [m["name"] for m in c["volumeMounts"]] == ["data", "monarch-spmd-worker"]
+    assert [m["name"] for m in c["volumeMounts"]] == ["data", "monarch-spmd-worker", "dshm"]
     env_names = [e["name"] for e in c["env"]]
     assert len(env_names) == len(set(env_names)), "each variable once"
     env = env_of(pod)
@@ -262,8 +263,8 @@ def test_build_pod_needs_an_image():
         builders.build_pod(JOB, parse_job_spec({k: v for k, v in BASE.items() if k != "image"}), 0, 0)
 
 
-def test_build_pod_rejects_a_rank_out_of_range():
-    with pytest.raises(ValueError, match="rank"):
+def test_build_pod_rejects_an_index_out_of_range():
+    with pytest.raises(ValueError, match="index"):
         builders.build_pod(JOB, spec(), 4, 0)
 
 
@@ -315,3 +316,40 @@ def test_shipped_worker_needs_only_the_standard_library(tmp_path):
     # The worker starts without the project installed and reports the missing variable (64).
     assert result.returncode == worker.EX_USAGE, result.stderr
     assert worker.COORDS_VAR in result.stderr
+
+
+def test_every_pod_gets_a_memory_backed_dev_shm_of_the_size_asked_for():
+    pod = builders.build_pod(JOB, spec(shmSize="2Gi"), 0, 0)
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}} in pod["spec"]["volumes"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in trainer(pod)["volumeMounts"]
+    unlimited = builders.build_pod(JOB, spec(), 0, 0)
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in unlimited["spec"]["volumes"]
+    own = {"spec": {"containers": [{"name": "trainer", "volumeMounts": [{"name": "mine", "mountPath": "/dev/shm"}]}],
+                    "volumes": [{"name": "mine", "emptyDir": {}}]}}
+    kept = builders.build_pod(JOB, spec(template=own), 0, 0)
+    assert "dshm" not in [v["name"] for v in kept["spec"]["volumes"]], "the template's own /dev/shm wins"
+
+
+def test_a_per_host_pod_runs_its_hosts_procs_and_holds_their_gpus():
+    s = spec(mesh=[{"name": "hosts", "size": 3}, {"name": "gpus", "size": 4}], podLayout="PerHost", gpusPerProc=1)
+    pod = builders.build_pod(JOB, s, 2, 1)
+    meta = pod["metadata"]
+    assert meta["name"] == "hello-1234a-r1-2"
+    assert meta["labels"]["spmd.monarch.dev/rank"] == "8"
+    assert meta["labels"]["spmd.monarch.dev/procs"] == "4"
+    assert meta["labels"]["spmd.monarch.dev/coord-hosts"] == "2"
+    assert "spmd.monarch.dev/coord-gpus" not in meta["labels"]
+    assert trainer(pod)["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    inputs = worker.read_inputs({k: v for k, v in env_of(pod).items() if isinstance(v, str)})
+    assert (inputs.pod_layout, inputs.coords, inputs.rank, inputs.local_procs, inputs.local_rank_scope) == (
+        "PerHost", [2], 8, 4, "mesh")
+    assert policy.pods_per_attempt(s) == 3
+    with pytest.raises(ValueError, match="index"):
+        builders.build_pod(JOB, s, 3, 0)
+
+
+def test_a_per_host_service_selects_the_pod_of_rank_zero():
+    s = spec(podLayout="PerHost")
+    svc = builders.build_service(JOB, s, 0)
+    assert svc["spec"]["selector"].items() <= builders.build_pod(JOB, s, 0, 0)["metadata"]["labels"].items()
+    assert not svc["spec"]["selector"].items() <= builders.build_pod(JOB, s, 1, 0)["metadata"]["labels"].items()

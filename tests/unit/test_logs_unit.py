@@ -175,3 +175,36 @@ def test_main_reports_missing_kubeconfig(tmp_path, capsys):
     assert logs.main(["hello", "--kubeconfig", str(missing)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("monarch-spmd logs: error: cannot load kubeconfig") and str(missing) in err
+
+
+def host_pod(name: str, first: int, procs: int, containers=("trainer",)) -> dict:
+    p = pod(name, "wide", first, 0)
+    p["metadata"]["labels"][logs.PROCS_LABEL] = str(procs)
+    p["spec"] = {"containers": [{"name": c} for c in containers]}
+    return p
+
+
+HOSTS = [host_pod("wide-r0-0", 0, 4), host_pod("wide-r0-1", 4, 4)]
+
+
+def test_a_per_host_pod_is_selected_by_any_of_its_ranks():
+    assert names(logs.select_pods(HOSTS, "wide", 0, [5])) == [(4, "wide-r0-1")]
+    assert names(logs.select_pods(HOSTS, "wide", 0, [3, 4])) == [(0, "wide-r0-0"), (4, "wide-r0-1")]
+    with pytest.raises(logs.LogsError, match="no pod for rank.s. 8; it has rank.s. 0-7"):
+        logs.select_pods(HOSTS, "wide", 0, [8])
+
+
+def test_a_per_host_pods_lines_keep_their_own_prefixes_and_are_filtered_by_rank():
+    log = b"monarch-spmd worker: ranks 4..7/8\n[rank 4] a\n[rank 5] b\n[rank 6] c\n"
+    everything = logs.splitter_for(HOSTS[1], None)
+    assert everything.feed(log) == ["monarch-spmd worker: ranks 4..7/8", "[rank 4] a", "[rank 5] b", "[rank 6] c"]
+    only = logs.splitter_for(HOSTS[1], [5, 6])
+    assert only.feed(log) == ["[rank 5] b", "[rank 6] c"]
+    one = pod("hello-r1-3", "hello", 3, 1)
+    assert logs.splitter_for(one, None).feed(b"x\n") == ["[rank 3] x"]
+
+
+def test_a_container_that_does_not_exist_is_a_clear_error():
+    logs.check_container(HOSTS[0], "trainer")
+    with pytest.raises(logs.LogsError, match="pod wide-r0-0 has no container 'typo'; its containers are trainer"):
+        logs.check_container(HOSTS[0], "typo")

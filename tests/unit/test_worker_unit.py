@@ -66,6 +66,7 @@ def test_input_names_are_the_documented_ones():
         "MONARCH_SPMD_ROLE_NAME",
         "MONARCH_SPMD_RENDEZVOUS_TIMEOUT",
         "MONARCH_SPMD_LOCAL_RANK_SCOPE",
+        "MONARCH_SPMD_POD_LAYOUT",
     )
     for var in worker.INPUT_VARS:  # one table, in the module docstring
         assert var in worker.__doc__
@@ -221,3 +222,30 @@ def test_init_imports_actor_only_inside_getattr():
     for node in tree.body:  # module level: no import of .actor
         if isinstance(node, ast.ImportFrom) and node.level:
             assert node.module == "payload.contract"
+
+
+def test_a_per_host_worker_has_the_host_coordinates_and_runs_the_last_dimension():
+    env = worker.worker_input_env([("hosts", 3), ("gpus", 4)], [2], "m", 1, pod_layout="PerHost")
+    inputs = worker.read_inputs(env)
+    assert (inputs.rank, inputs.local_procs, inputs.proc_coords(3)) == (8, 4, [2, 3])
+    third = worker.build_env(inputs, {}, 2)
+    assert (third["RANK"], third["LOCAL_RANK"], third["LOCAL_WORLD_SIZE"], third["GROUP_RANK"]) == ("10", "2", "4", "2")
+
+
+def test_a_per_host_worker_of_a_one_dimension_mesh_has_no_coordinates():
+    inputs = worker.read_inputs(worker.worker_input_env([("gpus", 2)], [], "m", 1, pod_layout="PerHost"))
+    assert (inputs.coords, inputs.rank, inputs.local_procs) == ([], 0, 2)
+
+
+@pytest.mark.parametrize(("coords", "layout"), [("1", "PerProc"), ("1,0", "PerHost"), ("3", "PerHost")])
+def test_coordinates_must_fit_the_layout(coords, layout):
+    env = {"MONARCH_SPMD_MESH": "hosts=2,gpus=2", "MONARCH_SPMD_COORDS": coords, "MONARCH_SPMD_MASTER_ADDR": "m",
+           "MONARCH_SPMD_MASTER_PORT": "1", "MONARCH_SPMD_POD_LAYOUT": layout}
+    with pytest.raises(WorkerInputError, match="MONARCH_SPMD_COORDS"):
+        worker.read_inputs(env)
+
+
+def test_an_unknown_layout_is_named():
+    with pytest.raises(WorkerInputError, match="MONARCH_SPMD_POD_LAYOUT: 'Sideways'"):
+        worker.read_inputs({"MONARCH_SPMD_MESH": "a=1", "MONARCH_SPMD_COORDS": "0", "MONARCH_SPMD_MASTER_ADDR": "m",
+                            "MONARCH_SPMD_MASTER_PORT": "1", "MONARCH_SPMD_POD_LAYOUT": "Sideways"})

@@ -16,15 +16,28 @@ drain or loss: the pod condition DisruptionTarget) restart the gang without usin
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from monarch_spmd import policy
 
 from .. import names
 from . import gang
-from .model import FAILED, PENDING, REASON_POD_DELETED, REASON_POD_MISSING, RUNNING, SUCCEEDED, format_time
+from .model import FAILED, PENDING, REASON_POD_DELETED, REASON_POD_MISSING, RUNNING, SUCCEEDED, PodInfo, format_time
 from .status import Pass, tail
+
+#: The last line a PerHost worker writes when one of its procs failed (payload.worker.failure_line).
+_FAILED_RANK: Final = re.compile(r"monarch-spmd worker: rank (\d+) exited with code (\d+)")
+
+
+def failed_rank(p: Pass, pod: PodInfo) -> int:
+    """The rank that failed in a pod: the pod's rank, or (PerHost) the one its worker named."""
+    if p.procs_per_pod > 1 and pod.message:
+        found = _FAILED_RANK.findall(pod.message)
+        if found:
+            return int(found[-1][0])
+    return pod.rank
 
 
 @dataclass(frozen=True)
@@ -75,33 +88,34 @@ def failures(p: Pass) -> list[Failure]:
     out: list[Failure] = []
     spec = p.spec
     current = p.current()
-    for rank, pod in current.items():
+    for index, pod in current.items():
         fatal_wait = pod.phase == PENDING and pod.reason in policy.FATAL_REASONS
         if pod.phase == FAILED or fatal_wait:
             reason = pod.reason or ("Error" if pod.exit_code else "Failed")
-            out.append(Failure(rank, pod.name, pod.node, pod.exit_code, reason, pod.message,
+            out.append(Failure(failed_rank(p, pod), pod.name, pod.node, pod.exit_code, reason, pod.message,
                                policy.is_permanent(spec, pod.exit_code, reason), pod.disrupted, False,
-                               (0, pod.finished_at or "~", rank)))
+                               (0, pod.finished_at or "~", index)))
         elif pod.deleting and pod.phase != SUCCEEDED:
             reason = pod.reason if pod.disrupted and pod.reason else REASON_POD_DELETED
             message = pod.message if pod.disrupted else (
                 "the pod was deleted (evicted, drained or deleted by hand) before it finished")
-            out.append(Failure(rank, pod.name, pod.node, None, reason, message,
-                               policy.is_permanent(spec, None, reason), pod.disrupted, True, (1, "~", rank)))
+            out.append(Failure(pod.rank, pod.name, pod.node, None, reason, message,
+                               policy.is_permanent(spec, None, reason), pod.disrupted, True, (1, "~", index)))
     if p.phase == RUNNING:
-        last = {pod.rank: pod for pod in p.o.gone if pod.restart == p.restart}
-        for rank in range(p.pods_per_attempt):
-            if rank in current:
+        last = {p.index(pod): pod for pod in p.o.gone if pod.restart == p.restart}
+        for index in range(p.pods_per_attempt):
+            if index in current:
                 continue
-            was = last.get(rank)
+            was = last.get(index)
+            rank = index * p.procs_per_pod
             if was is not None and was.disrupted and was.reason:
                 # The watch saw why it went: e.g. removed with its node (DeletionByPodGC).
                 out.append(Failure(rank, was.name, was.node, was.exit_code, was.reason, was.message,
-                                   policy.is_permanent(spec, was.exit_code, was.reason), True, True, (2, "~", rank)))
+                                   policy.is_permanent(spec, was.exit_code, was.reason), True, True, (2, "~", index)))
                 continue
-            out.append(Failure(rank, names.pod_name(p.o.job, p.restart, rank), was.node if was else None, None,
+            out.append(Failure(rank, names.pod_name(p.o.job, p.restart, index), was.node if was else None, None,
                                REASON_POD_MISSING, "the pod disappeared while the job was running",
-                               policy.is_permanent(spec, None, REASON_POD_MISSING), False, True, (2, "~", rank)))
+                               policy.is_permanent(spec, None, REASON_POD_MISSING), False, True, (2, "~", index)))
     # Root cause first: a permanent failure, else a disruption, else the earliest.
     return sorted(out, key=lambda f: (not f.permanent, not f.disruption, f.order))
 

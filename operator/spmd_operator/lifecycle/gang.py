@@ -36,12 +36,12 @@ REPLACE_AT_ONCE: str = "TerminatingOrFailed"
 
 def start(p: Pass) -> None:
     """A new job: phase Pending, and every pod of the first attempt."""
-    procs = p.pods_per_attempt
+    pods = p.pods_per_attempt
     p.new.update(phase=PENDING, startTime=format_time(p.now))
-    p.condition("Created", "True", "PodsCreated", f"created {procs} pods for mesh {p.new['mesh']}")
-    p.event(EVENT_NORMAL, "Created", f"creating {procs} pods for mesh {p.new['mesh']}")
+    p.condition("Created", "True", "PodsCreated", f"created {pods} pods for mesh {p.new['mesh']}")
+    p.event(EVENT_NORMAL, "Created", f"creating {pods} pods for mesh {p.new['mesh']}")
     current = p.current()
-    p.create_pods((r for r in range(procs) if r not in current), p.restart)
+    p.create_pods((i for i in range(pods) if i not in current), p.restart)
     p.counts(current)
 
 
@@ -83,26 +83,27 @@ def _old_pods_block(p: Pass) -> bool:
 def progress(p: Pass) -> None:
     """Deletes stale pods, creates what the starting gang misses, and reports Running."""
     current = p.current()
-    procs = p.pods_per_attempt
+    pods = p.pods_per_attempt
     p.delete_pods.extend(pod.name for pod in p.stale() if not pod.deleting)
     if p.phase != RUNNING:
-        missing = [r for r in range(procs) if r not in current]
+        missing = [i for i in range(pods) if i not in current]
         if missing and not (p.phase == RESTARTING and _old_pods_block(p)):
             p.create_pods(missing, p.restart)
-    started = len(current) == procs and all(pod.phase in (RUNNING, SUCCEEDED) for pod in current.values())
+    started = len(current) == pods and all(pod.phase in (RUNNING, SUCCEEDED) for pod in current.values())
     if started:
         if p.phase != RUNNING:
             p.new["phase"] = RUNNING
-            p.condition(RUNNING, "True", "AllProcsRunning", f"all {procs} procs are running (attempt {p.restart})")
+            every = p.spec.world_size
+            p.condition(RUNNING, "True", "AllProcsRunning", f"all {every} procs are running (attempt {p.restart})")
             p.clear(RESTARTING, "AllProcsRunning", f"attempt {p.restart} is running")
-            p.event(EVENT_NORMAL, "Running", f"all {procs} procs are running (attempt {p.restart})")
+            p.event(EVENT_NORMAL, "Running", f"all {every} procs are running (attempt {p.restart})")
     elif current:
-        running = sum(1 for pod in current.values() if pod.phase == RUNNING)
-        waiting = sorted((pod.rank, pod.reason, pod.unschedulable) for pod in current.values()
+        running = p.procs_per_pod * sum(1 for pod in current.values() if pod.phase == RUNNING)
+        waiting = sorted((i, pod.reason, pod.unschedulable) for i, pod in current.items()
                          if pod.phase == PENDING and (pod.reason or pod.unschedulable))
-        message = f"{running}/{procs} procs running"
+        message = f"{running}/{p.spec.world_size} procs running"
         if waiting:
             message += "; waiting: " + ", ".join(
-                f"rank {r} {why or 'Unschedulable'}" + (f" ({sched})" if sched else "") for r, why, sched in waiting[:5])
+                f"{p.describe(i)} {why or 'Unschedulable'}" + (f" ({sched})" if sched else "") for i, why, sched in waiting[:5])
         p.condition(RUNNING, "False", "WaitingForProcs", message)
     p.counts(current)

@@ -11,6 +11,7 @@ import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from monarch_spmd import policy
 from monarch_spmd.payload import contract
 from monarch_spmd.spec import JobSpec
 
@@ -120,13 +121,27 @@ class Pass:
 
     @property
     def pods_per_attempt(self) -> int:
-        """How many pods one attempt has."""
-        return self.spec.world_size
+        """How many pods one attempt has (one per proc, or one per host in PerHost)."""
+        return policy.pods_per_attempt(self.spec)
+
+    @property
+    def procs_per_pod(self) -> int:
+        return policy.procs_per_pod(self.spec)
+
+    def index(self, pod: PodInfo) -> int:
+        """A pod's index in its attempt (its rank label is its first proc's rank)."""
+        return pod.rank // self.procs_per_pod
+
+    def describe(self, index: int) -> str:
+        """``rank 3``, or ``pod 1 (ranks 4..7)`` in PerHost."""
+        n = self.procs_per_pod
+        return f"rank {index}" if n == 1 else f"pod {index} (ranks {index * n}..{index * n + n - 1})"
 
     def current(self) -> dict[int, PodInfo]:
-        """The pods of the current attempt, by rank."""
-        n = self.pods_per_attempt
-        return {p.rank: p for p in self.o.pods if p.restart == self.restart and 0 <= p.rank < n}
+        """The pods of the current attempt, by index."""
+        n, per = self.pods_per_attempt, self.procs_per_pod
+        return {p.rank // per: p for p in self.o.pods
+                if p.restart == self.restart and 0 <= p.rank < n * per and p.rank % per == 0}
 
     def stale(self) -> list[PodInfo]:
         """Pods of other attempts (older ones, or ranks outside the mesh)."""
@@ -155,9 +170,11 @@ class Pass:
         self.delete_pods.extend(p.name for p in pods if not p.finished and not p.deleting)
 
     def counts(self, current: Mapping[int, PodInfo]) -> None:
-        self.new["running"] = sum(1 for p in current.values() if p.phase == RUNNING and not p.deleting)
-        self.new["succeeded"] = sum(1 for p in current.values() if p.phase == "Succeeded")
-        self.new["failed"] = sum(1 for p in current.values() if p.phase == FAILED)
+        """The procs of the current attempt whose pod runs, succeeded, failed."""
+        per = self.procs_per_pod
+        self.new["running"] = per * sum(1 for p in current.values() if p.phase == RUNNING and not p.deleting)
+        self.new["succeeded"] = per * sum(1 for p in current.values() if p.phase == "Succeeded")
+        self.new["failed"] = per * sum(1 for p in current.values() if p.phase == FAILED)
 
     def fail(self, reason: str, message: str, *, failure: dict[str, Any] | None = None) -> None:
         """The job fails: phase Failed, condition, Event, and every unfinished pod stopped."""

@@ -30,12 +30,12 @@ def handle(p: Pass) -> bool:
         p.delete_pods.extend(pod.name for pod in pods if not pod.deleting)
         p.condition(SUSPENDED, "True", "Resuming", f"waiting for {len(pods)} pods of the suspended gang to terminate")
         return True
-    procs = p.pods_per_attempt
+    pods = p.pods_per_attempt
     p.new["phase"] = PENDING
     p.new["startTime"] = format_time(p.now)
-    p.condition("Created", "True", "PodsCreated", f"created {procs} pods for mesh {p.new['mesh']}")
+    p.condition("Created", "True", "PodsCreated", f"created {pods} pods for mesh {p.new['mesh']}")
     p.condition(SUSPENDED, "False", "Resumed", "spec.suspend is false")
-    p.event(EVENT_NORMAL, "Resumed", f"job resumed; creating {procs} pods (attempt {p.restart})")
-    p.create_pods(range(procs), p.restart)
+    p.event(EVENT_NORMAL, "Resumed", f"job resumed; creating {pods} pods (attempt {p.restart})")
+    p.create_pods(range(pods), p.restart)
     p.counts({})
     return True

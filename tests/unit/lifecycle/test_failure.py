@@ -178,3 +178,14 @@ def test_a_pod_gone_with_its_node_is_named_with_the_reason_the_watch_saw():
     assert (new["failure"]["reason"], new["failure"]["message"], new["failure"]["node"]) == (
         "DeletionByPodGC", "PodGC: node no longer exists", "node-3")
     assert new["disruptions"] == 1 and new["phase"] == "Restarting"
+
+
+def test_a_per_host_pods_failure_names_the_rank_its_worker_named():
+    s = spec(podLayout="PerHost")
+    st = status("Running")
+    pods = [pod(0, "Running"), pod(2, "Failed", exit_code=3, reason="Error",
+                                   message="[rank 3] Traceback ...\n[rank 3] RuntimeError: boom\n"
+                                           "monarch-spmd worker: rank 3 exited with code 3 (local rank 1); stopped the other local ranks")]
+    new = apply(st, run(s=s, st=st, pods=pods))
+    assert new["phase"] == "Restarting"
+    assert (new["failure"]["rank"], new["failure"]["pod"], new["failure"]["exitCode"]) == (3, pod_name(2), 3)

@@ -120,3 +120,17 @@ def test_time_waiting_counts_from_the_failure():
     later = NOW + dt.timedelta(seconds=30)
     plan = run(st=st, pods=deleting(gang("Running", restart=0)), now=later)
     assert plan.requeue_after == pytest.approx(90)
+
+
+def test_a_per_host_job_has_one_pod_per_host_and_counts_procs():
+    s = spec(podLayout="PerHost")
+    plan = run(s=s, st=None)
+    assert plan.create == (0, 1), "two hosts of two procs: two pods"
+    st = apply(None, plan)
+    plan = run(s=s, st=st, pods=[pod(0, "Running"), pod(2, "Pending", unschedulable="0/1 nodes are available")])
+    new = apply(st, plan)
+    assert new["running"] == 2 and new["procs"] == 4
+    assert "2/4 procs running" in cond(new, "Running")["message"]
+    assert "pod 1 (ranks 2..3) Unschedulable (0/1 nodes are available)" in cond(new, "Running")["message"]
+    new = apply(new, run(s=s, st=new, pods=[pod(0, "Running"), pod(2, "Running")]))
+    assert (new["phase"], new["running"]) == ("Running", 4)
