@@ -11,8 +11,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# Pinned inside pyproject's ranges (kopf>=1.45,<1.46; kubernetes>=30; pyyaml>=6).
-RUN pip install kopf==1.45.2 kubernetes==37.0.2 pyyaml==6.0.3
+# Pinned inside pyproject's `operator` extra (kopf, kubernetes_asyncio, pyyaml); the synchronous
+# kubernetes client is for the chart's `helm test` pod, which runs this image.
+RUN pip install kopf==1.45.2 kubernetes_asyncio==36.1.0 kubernetes==37.0.2 pyyaml==6.0.3
 
 WORKDIR /src
 COPY pyproject.toml README.md ./
