@@ -16,11 +16,13 @@ from helm_support import CHART, KUBE_VERSION, ROOT, by_kind, is_test_hook, one, 
 NAMESPACED_RULES = [
     {"apiGroups": ["spmd.monarch.dev"], "resources": ["spmdjobs"], "verbs": ["get", "list", "watch", "delete"]},
     {"apiGroups": ["spmd.monarch.dev"], "resources": ["spmdjobs/status"], "verbs": ["patch"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "create", "delete"]},
-    {"apiGroups": [""], "resources": ["services", "configmaps"], "verbs": ["create", "patch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch", "create", "delete"]},
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "patch"]},
     {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
 ]
 CRD_RULE = {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]}
+NAMESPACE_GET_RULE = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]}
 NAMESPACES_RULE = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}
 DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -79,7 +81,7 @@ def test_cluster_wide_rbac_is_exactly_what_the_operator_uses(render):
     objects = render()
     role = one(objects, "ClusterRole", "spmd-monarch-spmd")
     # kopf observes namespaces only when not cluster-wide (kopf/_core/reactor/observation.py).
-    assert role["rules"] == [CRD_RULE, *NAMESPACED_RULES]
+    assert role["rules"] == [CRD_RULE, NAMESPACE_GET_RULE, *NAMESPACED_RULES]
     binding = one(objects, "ClusterRoleBinding")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "spmd-monarch-spmd"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "spmd-monarch-spmd", "namespace": "ops"}]
@@ -90,7 +92,7 @@ def test_every_rbac_rule_says_who_needs_it():
     text = (CHART / "templates/rbac.yaml").read_text()
     lines = text.splitlines()
     rule_starts = [i for i, line in enumerate(lines) if line.lstrip().startswith("- apiGroups:")]
-    assert len(rule_starts) == len(NAMESPACED_RULES) + 2
+    assert len(rule_starts) == len(NAMESPACED_RULES) + 3
     for i in rule_starts:
         j = i - 1
         while j > 0 and lines[j - 1].lstrip().startswith("#") and not re.match(r"\s*# (app|framework): ", lines[j]):
@@ -104,7 +106,7 @@ def test_namespaced_mode(render):
     assert container["command"] == ["python", "-m", "spmd_operator"]
     assert container["args"] == ["--namespace=team-a", "--namespace=team-b", "--liveness=http://0.0.0.0:8080/healthz"]
     cluster_role = one(objects, "ClusterRole")
-    assert cluster_role["rules"] == [CRD_RULE, NAMESPACES_RULE]
+    assert cluster_role["rules"] == [CRD_RULE, NAMESPACE_GET_RULE, NAMESPACES_RULE]
     roles = [o for o in by_kind(objects, "Role") if component(o) != "test"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
