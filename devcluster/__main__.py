@@ -3,6 +3,7 @@
 Entry point of the test cluster (devcluster/), on top of localcluster.py.
 
     eval "$(python -m devcluster up --kwok-nodes 4 --operator)"   # prints the exports
+    eval "$(python -m devcluster up --kueue)"                     # with Kueue (devcluster/kueue.py)
     kubectl get nodes
     python -m devcluster restart-apiserver [--down 5] [--etcd]     # an outage, on demand
     python -m devcluster down
@@ -13,7 +14,8 @@ process that runs the cluster (pid in <state>/cluster.pid, its log in <state>/cl
 prints `export KUBECONFIG=...` and `export PATH=<bin>:$PATH` on stdout once the cluster is
 ready. Component logs: <state>/<component>.log; container logs:
 <state>/logs/<namespace>/<pod>/<container>.log (or `kubectl logs`); the operator's:
-<state>/operator.log. `down` stops it all and removes the pod bridge and network namespaces.
+<state>/operator.log; Kueue's: <state>/kueue/kueue.log. `down` stops it all and removes the pod
+bridge and network namespaces.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import time
 from pathlib import Path
 
 from devcluster.binaries import ensure_binaries
+from devcluster.kueue import ensure_kueue
 from devcluster.localcluster import REPO_ROOT, LocalCluster
 from devcluster.podnetwork import Bridge
 from devcluster.realnode import clean_slot, ensure_images, ensure_realnode_binaries
@@ -67,6 +70,9 @@ def up(args: argparse.Namespace) -> int:
                "--kwok-nodes", str(args.kwok_nodes), "--gpus", str(args.gpus)]
     if args.operator:
         command.append("--operator")
+    if args.kueue:
+        ensure_kueue()  # in the foreground too: the first build on a machine takes minutes
+        command.append("--kueue")
     if args.real_nodes:
         ensure_realnode_binaries()  # and the images: the first build on a machine takes minutes
         ensure_images()
@@ -105,7 +111,7 @@ def serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGUSR1, lambda *_: (restart.set(), stop.set()))
     (args.state_dir / "cluster.pid").write_text(str(os.getpid()))
     cluster = LocalCluster(args.state_dir, kwok_nodes=args.kwok_nodes, gpus=args.gpus,
-                           operator=args.operator, real_nodes=args.real_nodes)
+                           operator=args.operator, real_nodes=args.real_nodes, kueue=args.kueue)
     try:
         cluster.start()
         (args.state_dir / "ready").write_text(json.dumps(cluster.describe()))
@@ -194,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                            help="nvidia.com/gpu capacity of the process node")
             p.add_argument("--operator", action="store_true",
                            help="also run the SPMDJob operator (log: <state>/operator.log)")
+            p.add_argument("--kueue", action="store_true",
+                           help="also run Kueue (log: <state>/kueue/kueue.log)")
             p.add_argument("--real-nodes", type=int, default=0,
                            help="real kubelet nodes running containers (devcluster/realnode.py)")
             p.add_argument("--timeout", type=float, default=600, help="seconds to wait for up")

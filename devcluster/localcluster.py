@@ -22,6 +22,7 @@ from kubernetes import client, config
 
 from devcluster.binaries import ensure_binaries
 from devcluster.controlplane import ControlPlane, die_with_parent, stop_process_group
+from devcluster.kueue import Kueue, ensure_kueue
 from devcluster.kwoknodes import KwokNodes
 from devcluster.nodeagent import NodeAgent
 from devcluster.podnetwork import Bridge
@@ -42,11 +43,12 @@ class LocalCluster:
         operator: also run the SPMDJob operator (`python -m spmd_operator --all-namespaces`).
         bin_dir: the binaries' folder (default: binaries.ensure_binaries(), building once).
         real_nodes: how many real kubelet nodes (realnode.py: containers, CoreDNS; 0: none).
+        kueue: also run Kueue's controller-manager (kueue.py; built once per machine).
 
     Attributes:
         kubeconfig: admin kubeconfig for kubectl, helm and the Python client.
         env: environment for subprocesses: KUBECONFIG set, the built binaries first on PATH.
-        bin_dir, state_dir, control_plane, agent, kwok, operator_process.
+        bin_dir, state_dir, control_plane, agent, kwok, operator_process, kueue.
         logs_dir: container logs, <logs_dir>/<namespace>/<pod>/<container>.log.
         start_seconds: how long start() took.
     """
@@ -54,7 +56,7 @@ class LocalCluster:
     def __init__(self, state_dir: Path, *, kwok_nodes: int = 4,
                  process_nodes: tuple[str, ...] = (PROCESS_NODE,), gpus: int = 0,
                  operator: bool = False, bin_dir: Path | None = None,
-                 real_nodes: int = 0) -> None:
+                 real_nodes: int = 0, kueue: bool = False) -> None:
         self.state_dir = Path(state_dir)
         self.kwok_count, self.process_nodes, self.gpus = kwok_nodes, process_nodes, gpus
         self.with_operator = operator
@@ -70,6 +72,8 @@ class LocalCluster:
         self.start_seconds = 0.0
         self.real_count = real_nodes
         self.real: RealNodes | None = None
+        self.with_kueue = kueue
+        self.kueue: Kueue | None = None
 
     def __enter__(self) -> LocalCluster:
         self.start()
@@ -105,6 +109,8 @@ class LocalCluster:
                                       self.real_count, ensure_images())
                 self.real.start()
             self.wait_for_nodes()
+            if self.with_kueue:
+                self.start_kueue()
             if self.with_operator:
                 self.start_operator()
         except BaseException:
@@ -115,6 +121,7 @@ class LocalCluster:
     def stop(self) -> None:
         """Stop everything started, newest first; safe to call more than once."""
         self.stop_operator()
+        self.stop_kueue()
         if self.real:
             self.real.stop()
             self.real = None
@@ -173,6 +180,26 @@ class LocalCluster:
             stop_process_group(self.operator_process, grace)
             self.operator_process = None
 
+    # --- Kueue (kueue.py): quota admission of whole workloads ---------------------------------
+
+    def start_kueue(self, **options: Any) -> Kueue:
+        """Run Kueue against this cluster (CRDs, webhooks on kueue.x-k8s.io objects, manager).
+
+        Log in <state_dir>/kueue/kueue.log. `options` go to kueue.Kueue (webhooks, frameworks).
+        Calling it again restarts Kueue.
+        """
+        assert self.control_plane is not None and self.control_plane.certs is not None
+        self.stop_kueue()
+        self.kueue = Kueue(ensure_kueue(), self.bin_dir, self.kubeconfig,
+                           self.control_plane.certs, self.state_dir / "kueue", **options)
+        self.kueue.start()
+        return self.kueue
+
+    def stop_kueue(self) -> None:
+        if self.kueue is not None:
+            self.kueue.stop()
+            self.kueue = None
+
     # --- helpers for tests ---------------------------------------------------------------------
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True,
@@ -224,4 +251,5 @@ class LocalCluster:
         return {"kubeconfig": str(self.kubeconfig), "state_dir": str(self.state_dir),
                 "bin_dir": str(self.bin_dir), "bridge": self.bridge.name if self.bridge else None,
                 "start_seconds": round(self.start_seconds, 2),
-                **(self.real.describe() if self.real else {})}
+                **(self.real.describe() if self.real else {}),
+                **(self.kueue.describe() if self.kueue else {})}
