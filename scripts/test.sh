@@ -31,6 +31,13 @@ MONARCH_SPMD_K8S_BIN="$(bash devcluster/build-binaries.sh | tail -n 1)"
 export MONARCH_SPMD_K8S_BIN
 echo "test.sh: cluster binaries in $MONARCH_SPMD_K8S_BIN ($(( $(date +%s) - start ))s)"
 
+# Kueue's manager, CRDs and webhooks (tests/scheduling), from the Go module proxy (build-kueue.sh,
+# sharing the Go caches above), cached per machine.
+start=$(date +%s)
+MONARCH_SPMD_KUEUE_DIR="$(bash devcluster/build-kueue.sh | tail -n 1)"
+export MONARCH_SPMD_KUEUE_DIR
+echo "test.sh: Kueue in $MONARCH_SPMD_KUEUE_DIR ($(( $(date +%s) - start ))s)"
+
 set +e
 "$PY" -m pytest -p no:cacheprovider "$@"
 rc=$?

@@ -16,6 +16,14 @@ Fixtures:
         a subprocess, log in <state_dir>/operator.log), start_seconds.
     namespace: a fresh namespace (random name) whose default ServiceAccount exists; deleted
         after the test.
+    kueue_cluster: `cluster` with Kueue running on it (devcluster/kueue.py, started once per
+        session; log in <state_dir>/kueue/kueue.log) and the ResourceFlavor KWOK_FLAVOR standing
+        for the kwok nodes (their label `type=kwok` and their taint).
+    kueue_queues: makes queues for one test: `kueue_queues.create(cpu="8", gpus=4)` creates a
+        ClusterQueue with that quota on KWOK_FLAVOR and a LocalQueue in `namespace` pointing at
+        it, and returns the LocalQueue's name (a Workload's spec.queueName); deleted after.
+    podgroup_crds: `cluster` with the PodGroup CRDs of Volcano and coscheduling installed
+        (tests/data/crds, vendored from those projects).
 
 Mark such tests `@pytest.mark.cluster`. MONARCH_SPMD_KEEP_CLUSTER=1 keeps the state folder
 (logs of every component and pod) after the session; its path is printed either way.
@@ -34,8 +42,10 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from devcluster import LocalCluster
+from devcluster import KWOK_TAINT, LocalCluster
+from devcluster import kueue as kueue_objects
 from devcluster.binaries import ensure_binaries
+from devcluster.kueue import ensure_kueue
 
 
 BIN_DIR = pytest.StashKey[Path]()
@@ -52,6 +62,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             reporter.write_line("test cluster: checking binaries (the first build on a machine "
                                 "takes minutes)")
         session.config.stash[BIN_DIR] = ensure_binaries()
+    if any("kueue_cluster" in getattr(item, "fixturenames", ()) for item in session.items):
+        ensure_kueue()  # built once per machine, outside every test's timeout too
 
 
 @pytest.fixture(scope="session")
@@ -83,3 +95,78 @@ def namespace(cluster: LocalCluster) -> Iterator[str]:
             time.sleep(0.1)
     yield name
     core.delete_namespace(name)
+
+
+# --- Kueue and gang-scheduler CRDs (tests/scheduling, and the operator's tests of them) --------
+
+KWOK_FLAVOR = "kwok"
+PODGROUP_CRDS = Path(__file__).parent / "data" / "crds"
+
+
+@pytest.fixture(scope="session")
+def kueue_cluster(cluster: LocalCluster) -> Iterator[LocalCluster]:
+    cluster.start_kueue()
+    api = client.CustomObjectsApi(cluster.api_client())
+    flavor = kueue_objects.resource_flavor(KWOK_FLAVOR, node_labels={"type": "kwok"},
+                                           node_taints=[KWOK_TAINT])
+    try:
+        api.create_cluster_custom_object(kueue_objects.API_GROUP, kueue_objects.API_VERSION,
+                                         "resourceflavors", flavor)
+    except client.ApiException as err:
+        if err.status != 409:  # made by an earlier start of Kueue on this cluster
+            raise
+    yield cluster
+    cluster.stop_kueue()
+
+
+class KueueQueues:
+    """Creates ClusterQueues and LocalQueues for one test and deletes them after it."""
+
+    def __init__(self, cluster: LocalCluster, namespace: str) -> None:
+        self.api = client.CustomObjectsApi(cluster.api_client())
+        self.namespace = namespace
+        self.cluster_queues: list[str] = []
+
+    def create(self, *, cpu: str | int = "8", gpus: int = 0, memory: str = "64Gi",
+               name: str | None = None, preemption: dict | None = None) -> str:
+        """A ClusterQueue with this quota (cpu, nvidia.com/gpu, memory) on KWOK_FLAVOR and a
+        LocalQueue in the test's namespace pointing at it; returns the LocalQueue's name.
+        `preemption` is the ClusterQueue's spec.preemption (default: never preempt)."""
+        name = name or f"q-{uuid.uuid4().hex[:8]}"
+        group, version = kueue_objects.API_GROUP, kueue_objects.API_VERSION
+        quota = {"cpu": cpu, "memory": memory, "nvidia.com/gpu": gpus}
+        self.api.create_cluster_custom_object(
+            group, version, "clusterqueues",
+            kueue_objects.cluster_queue(name, KWOK_FLAVOR, quota, preemption=preemption))
+        self.cluster_queues.append(name)
+        self.api.create_namespaced_custom_object(
+            group, version, self.namespace, "localqueues",
+            kueue_objects.local_queue(self.namespace, name, name))
+        return name
+
+    def delete_all(self) -> None:
+        # Kueue keeps a ClusterQueue (finalizer) until its workloads are gone with the namespace.
+        for name in self.cluster_queues:
+            try:
+                self.api.delete_cluster_custom_object(kueue_objects.API_GROUP,
+                                                      kueue_objects.API_VERSION,
+                                                      "clusterqueues", name)
+            except client.ApiException as err:
+                if err.status != 404:
+                    raise
+        self.cluster_queues = []
+
+
+@pytest.fixture
+def kueue_queues(kueue_cluster: LocalCluster, namespace: str) -> Iterator[KueueQueues]:
+    queues = KueueQueues(kueue_cluster, namespace)
+    yield queues
+    queues.delete_all()
+
+
+@pytest.fixture(scope="session")
+def podgroup_crds(cluster: LocalCluster) -> LocalCluster:
+    cluster.kubectl("apply", "--server-side", "-f", str(PODGROUP_CRDS))
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f",
+                    str(PODGROUP_CRDS))
+    return cluster
