@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Copies the SPMDJob CRD from its single source (crds/) into the Helm chart's crds/ folder, which
-# Helm installs on `helm install` (and never upgrades). tests/helm/test_chart.py fails when the two
-# copies differ, so run this after every change to crds/spmd.monarch.dev_spmdjobs.yaml.
+# Copies the SPMDJob CRD (crds/, generated from the table in monarch_spmd/spec.py by
+# scripts/gen-crd.sh, which runs this) into the Helm chart's crds/ folder, which Helm installs on
+# `helm install` (and never upgrades). tests/helm/test_helm_chart.py fails when the two copies differ.
 #   scripts/sync-crd.sh          copy
 #   scripts/sync-crd.sh --check  exit 1 if the copies differ
 set -euo pipefail
