@@ -366,3 +366,37 @@ def test_validate_reads_yaml_scalars_as_kubectl_does(crd_installed, tmp_path: Pa
     for scalar, theirs, mine in zip(SCALARS, kubectl["probe"], sent["probe"]):
         assert (type(theirs), theirs) == (type(mine), mine), f"YAML {scalar!r}: kubectl sends {theirs!r}, validate reads {mine!r}"
     assert sent["keys"] == kubectl["keys"]
+
+
+# --- the pod-template rules, now the API server's: kubectl apply refuses them naming the field --
+
+TEMPLATE_CASES = [
+    ({"restartPolicy": "OnFailure"}, "spec.template.spec.restartPolicy", "pods run with Never"),
+    ({"containers": [{"name": "trainer", "image": "other"}]}, "spec.template.spec.containers[0].image", "use spec.image"),
+    ({"containers": [{"command": ["sh"]}]}, "spec.template.spec.containers[0].command", "use spec.python"),
+    ({"containers": [{"name": "trainer", "args": ["x"]}]}, "spec.template.spec.containers[0].args", "use spec.args"),
+    ({"containers": [{"name": "trainer", "env": [{"name": "MONARCH_SPMD_MESH", "value": "a=1"}]}]},
+     "spec.template.spec.containers[0].env", "MONARCH_SPMD_*"),
+    ({"containers": [{"name": "trainer"}, {"image": "x2"}]}, "spec.template.spec.containers", "at most one container"),
+]
+
+
+@pytest.mark.parametrize(("pod", "field", "message"), TEMPLATE_CASES, ids=[c[1].rsplit(".", 1)[-1] for c in TEMPLATE_CASES])
+def test_kubectl_apply_refuses_a_bad_pod_template_naming_the_field(crd_installed, namespace, tmp_path, pod, field, message):
+    doc = {"apiVersion": spec.API_VERSION, "kind": spec.KIND, "metadata": {"name": "tmpl"},
+           "spec": {"mesh": [{"name": "a", "size": 1}], "args": ["x.py"], "image": "i", "template": {"spec": pod}}}
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(doc))
+    result = crd_installed.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(path), check=False)
+    assert result.returncode != 0, result.stdout
+    assert f"{field}: Invalid value" in result.stderr and message in result.stderr, result.stderr
+    _, errors = spec.check_manifest(doc)
+    assert errors and errors[0].field.startswith(field), errors
+    # Without the offending part the same job is accepted.
+    doc["spec"]["template"] = {"spec": {"restartPolicy": "Never", "containers": [
+        {"name": "trainer", "env": [{"name": "MONARCH_SPMD_ROLE_NAME", "value": "r"}]},
+        {"name": "sidecar", "image": "busybox", "command": ["sh"], "env": [{"name": "MONARCH_SPMD_MESH", "value": "x"}]}]}}
+    path.write_text(json.dumps(doc))
+    result = crd_installed.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(path), check=False)
+    assert result.returncode == 0, result.stderr
+    assert spec.check_manifest(doc)[1] == []

@@ -331,3 +331,21 @@ def test_unknown_top_level_field_and_wrong_envelope():
     with pytest.raises(SpecError) as info:
         load_manifest({**manifest(), "specs": {}})
     assert info.value.field == "specs"
+
+
+def test_the_table_and_its_toolkit_need_only_the_standard_library():
+    import ast
+    import sys
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[2] / "monarch_spmd"
+    for name in ("spec.py", "schema.py"):
+        for node in ast.walk(ast.parse((package / name).read_text())):
+            if isinstance(node, ast.Import):
+                tops = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                tops = [(node.module or "").split(".")[0]]
+            else:
+                continue
+            for top in tops:
+                assert top in sys.stdlib_module_names or top == "__future__", f"{name} imports {top}"
