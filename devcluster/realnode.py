@@ -475,10 +475,19 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         one: committed layers are never written, each container writes to a layer of its own.
         """
         marks = {name: tar.name for name, (_, tar) in self.images.items()}
-        if self._marks(0) != marks:
+        for attempt in (1, 2):
+            if self._marks(0) == marks:
+                break
             self._start_containerd(0)
             try:
                 self._import_images(0, marks)
+            except RuntimeError as err:
+                if attempt == 2:
+                    raise
+                # A root left inconsistent (e.g. by a containerd killed while it unpacked):
+                # start over from an empty one.
+                log.warning("node 0: import failed (%s); importing into a new root", err)
+                shutil.rmtree(self._containerd_paths(0)[0], ignore_errors=True)
             finally:
                 stop_process_group(self.processes.pop("containerd-0"))
         root0 = self._containerd_paths(0)[0]
