@@ -25,6 +25,13 @@ Fixtures:
     podgroup_crds: `cluster` with the PodGroup CRDs of Volcano and coscheduling installed
         (tests/data/crds, vendored from those projects).
 
+    real_cluster: a second LocalCluster, started on first use, with REAL_NODES real kubelet
+        nodes (devcluster/realnode.py: containerd, runc, CNI, CoreDNS; pods run the images they
+        name, built by scripts/build-images.sh) and no kwok nodes. Real nodes are tainted: pods
+        need devcluster.realnode.REAL_TOLERATION (and nodeSelector type=real to stay off the
+        process node). Its own API server, so an operator installed there (tests/realnode/)
+        never meets the one tests/e2e runs.
+
 Mark such tests `@pytest.mark.cluster`. MONARCH_SPMD_KEEP_CLUSTER=1 keeps the state folder
 (logs of every component and pod) after the session; its path is printed either way.
 """
@@ -46,9 +53,11 @@ from devcluster import KWOK_TAINT, LocalCluster
 from devcluster import kueue as kueue_objects
 from devcluster.binaries import ensure_binaries
 from devcluster.kueue import ensure_kueue
+from devcluster.realnode import ensure_images, ensure_realnode_binaries
 
 
 BIN_DIR = pytest.StashKey[Path]()
+REAL_NODES = 2
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -62,6 +71,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             reporter.write_line("test cluster: checking binaries (the first build on a machine "
                                 "takes minutes)")
         session.config.stash[BIN_DIR] = ensure_binaries()
+    if any("real_cluster" in getattr(item, "fixturenames", ()) for item in session.items):
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter:
+            reporter.write_line("real nodes: checking kubelet, CoreDNS and the images (the first "
+                                "build on a machine takes minutes)")
+        session.config.stash[BIN_DIR] = ensure_binaries()
+        ensure_realnode_binaries()
+        ensure_images()
     if any("kueue_cluster" in getattr(item, "fixturenames", ()) for item in session.items):
         ensure_kueue()  # built once per machine, outside every test's timeout too
 
@@ -170,3 +187,16 @@ def podgroup_crds(cluster: LocalCluster) -> LocalCluster:
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f",
                     str(PODGROUP_CRDS))
     return cluster
+
+
+@pytest.fixture(scope="session")
+def real_cluster(request: pytest.FixtureRequest,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    state_dir = tmp_path_factory.mktemp("real-cluster")
+    bin_dir = request.config.stash.get(BIN_DIR, None) or ensure_binaries()
+    with LocalCluster(state_dir, kwok_nodes=0, real_nodes=REAL_NODES, bin_dir=bin_dir) as running:
+        print(f"\ncluster with {REAL_NODES} real nodes up in {running.start_seconds:.1f}s; "
+              f"state in {state_dir}", file=sys.stderr)
+        yield running
+    if not os.environ.get("MONARCH_SPMD_KEEP_CLUSTER"):
+        shutil.rmtree(state_dir / "etcd", ignore_errors=True)
