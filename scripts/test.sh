@@ -2,7 +2,8 @@
 # The project's one test command (README.md, .ci/run): installs what the suite needs on a fresh
 # machine, builds the test cluster's binaries once per machine (cached under ~/.cache), then runs
 # every test: unit, real processes with gloo, the real Monarch runtime, the real Kubernetes control
-# plane with the operator, Helm, and the benchmarks' smoke runs.
+# plane with the operator, Helm, real nodes running the project's images in containers, and the
+# benchmarks' smoke runs.
 #
 # Usage: bash scripts/test.sh [pytest args...]
 set -euo pipefail
@@ -30,6 +31,17 @@ start=$(date +%s)
 MONARCH_SPMD_K8S_BIN="$(bash devcluster/build-binaries.sh | tail -n 1)"
 export MONARCH_SPMD_K8S_BIN
 echo "test.sh: cluster binaries in $MONARCH_SPMD_K8S_BIN ($(( $(date +%s) - start ))s)"
+
+# Real nodes (tests/realnode): kubelet and CoreDNS from the Go module proxy (sharing the Go caches
+# above), containerd, runc and the CNI plugins from Debian, and the container images built here
+# from Debian's packages (Docker from Debian, run only while building); each cached per machine.
+start=$(date +%s)
+MONARCH_SPMD_REALNODE_BIN="$(bash devcluster/build-realnode.sh | tail -n 1)"
+export MONARCH_SPMD_REALNODE_BIN
+echo "test.sh: real-node binaries in $MONARCH_SPMD_REALNODE_BIN ($(( $(date +%s) - start ))s)"
+start=$(date +%s)
+bash scripts/build-images.sh >/dev/null
+echo "test.sh: container images ready ($(( $(date +%s) - start ))s)"
 
 # Kueue's manager, CRDs and webhooks (tests/scheduling), from the Go module proxy (build-kueue.sh,
 # sharing the Go caches above), cached per machine.
