@@ -27,7 +27,10 @@ variable other than MONARCH_SPMD_ROLE_NAME and MONARCH_SPMD_LOCAL_RANK_SCOPE; at
 container). What neither the API server nor this module can check before a pod exists, the
 validity of the PodSpec itself (resources, volumes, label syntax in ``template.metadata`` ...),
 is refused when the operator creates the first pod, and the job fails with reason InvalidSpec. It
-is outside the parity claim.
+is outside the parity claim, as are: a ``metadata.namespace`` other than the one the request goes
+to (only the request knows it), ``metadata.ownerReferences`` and ``managedFields`` (taken as they
+are), and JSON that kubectl would never send (``2.0`` written with its fraction by another client
+is an integer to the schema but a float to CEL).
 
 To add a field: add one entry to the table below (and, for the parser's users, the attribute of
 the same snake_case name to :class:`JobSpec`), then regenerate the CRD (``bash
@@ -106,6 +109,13 @@ POD_REPLACEMENT_TERMINATING_OR_FAILED: Final = "TerminatingOrFailed"
 POD_REPLACEMENT_POLICIES: Final = (POD_REPLACEMENT_FAILED, POD_REPLACEMENT_TERMINATING_OR_FAILED)
 DEFAULT_POD_REPLACEMENT_POLICY: Final = POD_REPLACEMENT_FAILED
 DEFAULT_REPLACEMENT_TIMEOUT: Final = 120
+#: spec.scheduling.provider: who admits or gang-schedules the job's pods.
+SCHEDULING_NONE: Final = "None"
+SCHEDULING_KUEUE: Final = "Kueue"
+SCHEDULING_VOLCANO: Final = "Volcano"
+SCHEDULING_COSCHEDULING: Final = "Coscheduling"
+SCHEDULING_PROVIDERS: Final = (SCHEDULING_NONE, SCHEDULING_KUEUE, SCHEDULING_VOLCANO, SCHEDULING_COSCHEDULING)
+MAX_SCHEDULING_TIMEOUT: Final = 7 * 86400
 #: spec.podLayout: one pod per proc, or one per host (the last dimension's procs share a pod).
 PER_PROC: Final = names.PER_PROC
 PER_HOST: Final = names.PER_HOST
@@ -117,6 +127,7 @@ USER_SETTABLE_VARS: Final = names.USER_SETTABLE_VARS
 _RESERVED_PREFIX: Final = names.RESERVED_PREFIX
 
 DNS_1035_LABEL: Final = Pattern("^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS_1123_SUBDOMAIN: Final = Pattern("^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 #: An image reference: printable ASCII, no spaces (what a container runtime can pull).
 IMAGE_REFERENCE: Final = Pattern("^[!-~]+$")
 #: An interpreter name or path: no whitespace, no control character.
@@ -184,6 +195,10 @@ class JobSpec:
         pod_layout: ``PerProc`` (one pod per proc) or ``PerHost`` (one pod per coordinate of all
             dimensions but the last; its worker runs the last dimension's procs).
         shm_size: the size limit of the pod's memory-backed /dev/shm, or None (no own limit).
+        scheduling_provider: ``None``, ``Kueue``, ``Volcano`` or ``Coscheduling``.
+        scheduling_queue: the Kueue LocalQueue, or the Volcano queue.
+        scheduler_name: the scheduler of the pods (a gang scheduler's), or None for the template's.
+        scheduling_timeout_seconds: fail the job when a pod stays unschedulable this long.
         template: the pod template (``metadata`` labels/annotations, ``spec``), deep-copied.
     """
 
@@ -206,6 +221,10 @@ class JobSpec:
     suspend: bool = False
     pod_layout: str = PER_PROC
     shm_size: str | None = None
+    scheduling_provider: str = SCHEDULING_NONE
+    scheduling_queue: str | None = None
+    scheduler_name: str | None = None
+    scheduling_timeout_seconds: int | None = None
     template: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=True)
 
     @property
@@ -310,6 +329,21 @@ class Equals(Rule):
     def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
         if value != self.value:
             yield "", f"{schema.show(value)} is not allowed; {self.message}"
+
+
+@dataclass(frozen=True)
+class QueueForKueue(Rule):
+    """A job admitted by Kueue names its LocalQueue."""
+
+    message: str = "provider Kueue needs queue: the name of a Kueue LocalQueue in the job's namespace"
+    field_path: str | None = ".queue"
+
+    def cel(self) -> str:
+        return f"!has(self.provider) || self.provider != '{SCHEDULING_KUEUE}' || has(self.queue)"
+
+    def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
+        if value.get("provider") == SCHEDULING_KUEUE and "queue" not in value:
+            yield ".queue", f"required; {self.message}"
 
 
 #: CEL, on a container: it is a sidecar (named, and not the trainer).
@@ -676,6 +710,50 @@ SPEC: Final = Obj(
                 quantity such as 2Gi; it counts against the pod's memory limit. Unset: no limit of
                 its own. A volume the template mounts at /dev/shm replaces it."""),
         ),
+        "scheduling": Obj(
+            default={},
+            flatten=True,
+            rules=(QueueForKueue(),),
+            description=_d("""
+                Who admits or gang-schedules the job's pods, and how long a pod may wait to be
+                placed. provider None (default): the cluster's scheduler places pods one by one.
+                Kueue: the job waits, with no pod, until Kueue admits its whole gang on quota
+                (the operator writes a Kueue Workload; queue names the LocalQueue). Volcano or
+                Coscheduling (scheduler-plugins): each attempt gets a PodGroup with minMember = its
+                pods, so the scheduler binds all of them or none; the pods use that scheduler
+                (schedulerName) and join the group. See the README's GPU guide."""),
+            properties={
+                "provider": Str(
+                    enum=SCHEDULING_PROVIDERS, default=SCHEDULING_NONE, attr="scheduling_provider",
+                    description="None (default), Kueue, Volcano or Coscheduling.",
+                ),
+                "queue": Str(
+                    attr="scheduling_queue", max_length=253,
+                    rules=(Matches(DNS_1123_SUBDOMAIN, "a queue name is a DNS subdomain: lowercase letters, digits, '-' and '.'"),),
+                    description=_d("""
+                        Kueue: the LocalQueue (in the job's namespace) that admits the job;
+                        required. Volcano: the queue of the PodGroup (default: Volcano's default
+                        queue)."""),
+                ),
+                "schedulerName": Str(
+                    attr="scheduler_name", max_length=253,
+                    rules=(Matches(DNS_1123_SUBDOMAIN, "a scheduler name is a DNS subdomain"),),
+                    description=_d("""
+                        The scheduler of the pods. Default: volcano for Volcano,
+                        scheduler-plugins-scheduler for Coscheduling, else the template's
+                        schedulerName (or the cluster's default scheduler)."""),
+                ),
+                "timeoutSeconds": Int(
+                    attr="scheduling_timeout_seconds", minimum=1, maximum=MAX_SCHEDULING_TIMEOUT,
+                    description=_d(f"""
+                        Fail the job (reason SchedulingTimeout, no restart) when one of its pods
+                        has been unschedulable this many seconds since it was created; also the
+                        PodGroup's scheduleTimeoutSeconds for Coscheduling. Unset: wait for as
+                        long as it takes (the job's status and Events say why it waits).
+                        1..{MAX_SCHEDULING_TIMEOUT}."""),
+                ),
+            },
+        ),
         "template": TEMPLATE,
     },
 )
@@ -693,6 +771,10 @@ STATUS: Final = Obj(
                 rank exited 0. Failed: a permanent failure, the restart limit, the deadline or an
                 invalid spec (see failure and conditions). Suspended: spec.suspend."""),
         ),
+        "reason": Str(description=_d("""
+            Why the job is in its phase, in one word: AllProcsRunning, Unschedulable,
+            ImagePullBackOff, WaitingForAdmission, GangRestart, PermanentFailure ...""")),
+        "message": Str(description="What the reason means for this job, in one line (kubectl get spmdjob -o wide)."),
         "mesh": Str(description="The ordered mesh as name=size pairs, e.g. hosts=2,gpus=4."),
         "procs": Int(description="The number of procs (pods per attempt)."),
         "restarts": Int(description="How many times the gang was replaced; the current attempt's number (TORCHELASTIC_RESTART_COUNT)."),
@@ -767,7 +849,8 @@ PRINTER_COLUMNS: Final = (
     {"name": "Running", "type": "integer", "jsonPath": ".status.running", "description": "Procs of the current attempt whose pod is running."},
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Pending, Running, Restarting, Succeeded, Failed or Suspended."},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Gang restarts so far."},
-    {"name": "Reason", "type": "string", "jsonPath": ".status.failure.reason", "priority": 1, "description": "Reason of the most recent gang failure."},
+    {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1, "description": "Why the job is in its phase (a waiting or failure reason)."},
+    {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1, "description": "What the reason means for this job."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp", "description": "Time since the job was created."},
 )
 SHORT_NAMES: Final = ("spmd", "sj")
