@@ -4,7 +4,9 @@ Hundreds of SPMDJob manifests are generated from a fixed seed: valid ones with r
 optional fields, and mutations of them, one to three per manifest, over every field of the table
 (wrong types, bounds and one past them, unknown fields, whitespace and non-ASCII in strings,
 duplicate dimension names, products over 4096, bad argv, bad pod-template bits, floats where
-integers go, nulls ...). Each goes to ``spec.check_manifest`` and, as a server-side dry-run create
+integers go, nulls ...), half of them derived from the table itself (values at, below and above
+every bound, enum values and their lowercase, other types, null, absent), so that a field added to
+the table is covered without touching this file. Each goes to ``spec.check_manifest`` and, as a server-side dry-run create
 with field validation Strict (what ``kubectl apply`` sends), to a real kube-apiserver with the
 generated CRD installed. Every verdict must agree, every Python refusal must name a field, and
 both verdicts must be common enough that the generator is not degenerate.
@@ -21,6 +23,7 @@ import json
 import math
 import os
 import random
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +32,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from monarch_spmd import spec, validate
+from monarch_spmd import schema, spec, validate
 
 pytestmark = pytest.mark.cluster
 
@@ -114,31 +117,30 @@ def _get(doc: Any, path: tuple[Any, ...]) -> Any:
 
 
 def _set(doc: Doc, path: tuple[Any, ...], value: Any) -> None:
-    """Sets (or with _DEL deletes) ``path``, creating objects on the way; gives up on a non-container."""
+    """Sets (or with _DEL deletes) ``path``, making the objects and lists on the way."""
     node: Any = doc
-    for key in path[:-1]:
+    for key, after in zip(path, path[1:]):
+        kind = list if isinstance(after, int) else dict
         if isinstance(key, int):
-            if not isinstance(node, list) or not node:
-                return
-            node = node[key % len(node)]
-        else:
-            if not isinstance(node, dict):
-                return
-            if not isinstance(node.get(key), (dict, list)):
-                node[key] = {}
-            node = node[key]
+            if not node:
+                node.append(kind())
+            key %= len(node)
+        if not isinstance(node[key] if isinstance(key, int) else node.get(key), kind):
+            node[key] = kind()
+        node = node[key]
     last = path[-1]
     if isinstance(last, int):
-        if isinstance(node, list) and node:
+        if not node and value is not _DEL:
+            node.append(None)
+        if node:
             if value is _DEL:
                 del node[last % len(node)]
             else:
                 node[last % len(node)] = value
-    elif isinstance(node, dict):
-        if value is _DEL:
-            node.pop(last, None)
-        else:
-            node[last] = value
+    elif value is _DEL:
+        node.pop(last, None)
+    else:
+        node[last] = value
 
 
 INTS = [0, 1, -1, 2, 255, 256, 4096, 4097, 65535, 65536, 86400, 86401, 2**62, 2**63 - 1, 2**63, 10**30]
@@ -269,6 +271,72 @@ MUTATIONS: list[tuple[str, Callable[[random.Random, Doc], None]]] = [
     ("env-count", lambda rng, doc: _set(doc, ("spec", "template", "spec", "containers"),
                                         [{"name": "trainer", "env": [{"name": "A"}] * rng.choice([1024, 1025])}])),
 ]
+
+
+# --- mutations derived from the table: every field, including the ones added later ------------
+
+TABLE = [(path, node) for path, node in schema.walk(spec.ROOT) if path.startswith(".spec")]
+
+
+def _sample(node: schema.Node) -> Any:
+    """A value of the node's type, usually within its bounds."""
+    if node.default is not schema.MISSING:
+        return copy.deepcopy(node.default)
+    if isinstance(node, schema.Int):
+        return node.minimum if node.minimum is not None else 1
+    if isinstance(node, schema.Str):
+        return node.enum[0] if node.enum else "a"
+    if isinstance(node, schema.Bool):
+        return False
+    if isinstance(node, schema.Arr):
+        return [_sample(node.items)] * (node.min_items or 1)
+    if isinstance(node, schema.Obj):
+        return {k: _sample(c) for k, c in node.properties.items() if c.required}
+    return None
+
+
+def _values(node: schema.Node) -> list[Any]:
+    """Values at and around every bound of the node, and of other types."""
+    out: list[Any] = [_DEL, None, "x", 1, 1.5, True, [], {}]
+    if isinstance(node, schema.Int):
+        for bound in (node.minimum, node.maximum):
+            if bound is not None:
+                out += [bound - 1, bound, bound + 1, float(bound)]
+        out += [0, -1, 2**63, 2**31]
+    elif isinstance(node, schema.Str):
+        for length in (node.min_length, node.max_length):
+            if length is not None:
+                out += ["a" * max(length - 1, 0), "a" * length, "a" * (length + 1)]
+        out += list(node.enum or ()) + [e.lower() for e in node.enum or ()] + ["", " a", "a b", "a\tb", "ä", "A", "1"]
+    elif isinstance(node, schema.Arr):
+        item = _sample(node.items)
+        for count in (node.min_items, node.max_items):
+            if count is not None:
+                out += [[item] * max(count - 1, 0), [item] * count, [item] * (count + 1)]
+        out += [[item], [None], [item, item]]
+    elif isinstance(node, schema.Obj):
+        out += [_sample(node), {**_sample(node), "unknownField": 1}]
+    return out
+
+
+def _concrete(rng: random.Random, path: str) -> tuple[Any, ...]:
+    """``.spec.mesh[].size`` -> ``("spec", "mesh", 1, "size")``; a map's ``{}`` -> a key."""
+    keys: list[Any] = []
+    for part in path.lstrip(".").split("."):
+        name, brackets = part.split("[")[0].split("{")[0], part[len(part.split("[")[0].split("{")[0]):]
+        keys.append(name)
+        for mark in re.findall(r"\[\]|\{\}", brackets):
+            keys.append(rng.randrange(3) if mark == "[]" else "k")
+    return tuple(keys)
+
+
+def _from_table(rng: random.Random, doc: Doc) -> None:
+    path, node = rng.choice(TABLE)
+    value = rng.choice(_values(node))
+    _set(doc, _concrete(rng, path), value if value is _DEL else copy.deepcopy(value))
+
+
+MUTATIONS += [("table", _from_table)] * (len(MUTATIONS) // 2)
 
 
 def generate(seed: int, count: int) -> list[tuple[str, Doc]]:
