@@ -101,6 +101,7 @@ cleanup() {
   if [ -n "$DOCKERD_PID" ]; then
     kill "$DOCKERD_PID" 2>/dev/null || true
     wait "$DOCKERD_PID" 2>/dev/null || true
+    umount "$RUNDIR/exec/netns/default" 2>/dev/null || true  # dockerd leaves this mount behind
   fi
   rm -rf "$WORK"
 }
