@@ -31,6 +31,12 @@ GPU_RESOURCE: Final = "nvidia.com/gpu"
 
 #: Pod or container reasons that no amount of waiting or retrying fixes.
 FATAL_REASONS: Final = frozenset({"InvalidImageName", "ErrImageNeverPull"})
+#: Waiting reasons of a container that cannot start; they fail the job (permanently) once a pod
+#: has waited START_FAILURE_SECONDS with one, rather than leaving it Pending forever.
+START_FAILURE_REASONS: Final = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
+)
+START_FAILURE_SECONDS: Final = 300.0
 
 #: Reasons of the pod condition ``DisruptionTarget`` (and of pod status) that mean the pod was
 #: taken away by the cluster, not failed by the program: preemption, API-initiated eviction

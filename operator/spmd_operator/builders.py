@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from monarch_spmd import policy
+from monarch_spmd import spec as spec_module
 from monarch_spmd.payload import contract, worker
 from monarch_spmd.spec import JobSpec
 
@@ -307,9 +308,113 @@ def build_pod(job: JobRef, spec: JobSpec, index: int, restart: int) -> dict[str,
         preferred.append(_colocate_term(job, spec, index, restart))
 
     labels = {**(user_meta.get("labels") or {}), **pod_labels(job, spec, index, restart)}
-    return {
+    pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _metadata(job, names.pod_name(job, restart, index), labels, user_meta.get("annotations")),
         "spec": pod_spec,
     }
+    join_gang(pod, job, spec, restart)
+    return pod
+
+
+# --- gang scheduling ----------------------------------------------------------------------------
+
+#: What each gang scheduler needs: its PodGroup API, the scheduler name pods use by default, and
+#: how a pod names its group (docs/gang-scheduling.md has where these come from).
+VOLCANO_GROUP: Final = ("scheduling.volcano.sh", "v1beta1", "podgroups")
+COSCHEDULING_GROUP: Final = ("scheduling.x-k8s.io", "v1alpha1", "podgroups")
+VOLCANO_SCHEDULER: Final = "volcano"
+COSCHEDULING_SCHEDULER: Final = "scheduler-plugins-scheduler"
+VOLCANO_GROUP_ANNOTATION: Final = "scheduling.k8s.io/group-name"
+COSCHEDULING_GROUP_LABEL: Final = "scheduling.x-k8s.io/pod-group"
+#: Kueue's Workload API and the label that names a job's LocalQueue.
+KUEUE_WORKLOAD: Final = ("kueue.x-k8s.io", "v1beta2", "workloads")
+KUEUE_FLAVORS: Final = ("kueue.x-k8s.io", "v1beta2", "resourceflavors")
+KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+
+PODGROUP_APIS: Final = {spec_module.SCHEDULING_VOLCANO: VOLCANO_GROUP,
+                        spec_module.SCHEDULING_COSCHEDULING: COSCHEDULING_GROUP}
+
+
+def scheduler_name(spec: JobSpec) -> str | None:
+    """The schedulerName of the job's pods: spec.scheduling's, or its provider's default."""
+    if spec.scheduler_name:
+        return spec.scheduler_name
+    return {spec_module.SCHEDULING_VOLCANO: VOLCANO_SCHEDULER,
+            spec_module.SCHEDULING_COSCHEDULING: COSCHEDULING_SCHEDULER}.get(spec.scheduling_provider)
+
+
+def join_gang(pod: dict[str, Any], job: JobRef, spec: JobSpec, restart: int) -> None:
+    """Makes a pod join its attempt's PodGroup and use the gang scheduler (in place)."""
+    name = scheduler_name(spec)
+    if name:
+        pod["spec"]["schedulerName"] = name
+    group = names.podgroup_name(job, restart)
+    if spec.scheduling_provider == spec_module.SCHEDULING_VOLCANO:
+        pod["metadata"].setdefault("annotations", {})[VOLCANO_GROUP_ANNOTATION] = group
+    elif spec.scheduling_provider == spec_module.SCHEDULING_COSCHEDULING:
+        pod["metadata"]["labels"][COSCHEDULING_GROUP_LABEL] = group
+
+
+def build_podgroup(job: JobRef, spec: JobSpec, restart: int) -> dict[str, Any]:
+    """The PodGroup of attempt ``restart``: minMember is every pod of the attempt, all or nothing.
+
+    Volcano's (scheduling.volcano.sh/v1beta1) carries the queue and the priority class of the
+    template; coscheduling's (scheduling.x-k8s.io/v1alpha1) the scheduling timeout.
+    """
+    group, version, _ = PODGROUP_APIS[spec.scheduling_provider]
+    body: dict[str, Any] = {"minMember": policy.pods_per_attempt(spec)}
+    if spec.scheduling_provider == spec_module.SCHEDULING_VOLCANO:
+        if spec.scheduling_queue:
+            body["queue"] = spec.scheduling_queue
+        priority = (spec.template.get("spec") or {}).get("priorityClassName")
+        if priority:
+            body["priorityClassName"] = priority
+    elif spec.scheduling_timeout_seconds is not None:
+        body["scheduleTimeoutSeconds"] = spec.scheduling_timeout_seconds
+    labels = {**job_labels(job), names.LABEL_RESTART: str(restart)}
+    return {
+        "apiVersion": f"{group}/{version}",
+        "kind": "PodGroup",
+        "metadata": _metadata(job, names.podgroup_name(job, restart), labels),
+        "spec": body,
+    }
+
+
+def build_workload(job: JobRef, spec: JobSpec) -> dict[str, Any]:
+    """The job's Kueue Workload: one pod set of every pod of an attempt, on spec.scheduling.queue.
+
+    Kueue admits it when the queue's quota covers the whole gang (the pods' requests times their
+    number); until then the job holds no pod (see lifecycle.suspend).
+    """
+    pod = build_pod(job, spec, 0, 0)
+    template_spec = {k: v for k, v in pod["spec"].items() if k != "schedulerName"}
+    group, version, _ = KUEUE_WORKLOAD
+    workload: dict[str, Any] = {
+        "apiVersion": f"{group}/{version}",
+        "kind": "Workload",
+        "metadata": _metadata(job, names.workload_name(job), {**job_labels(job), KUEUE_QUEUE_LABEL: spec.scheduling_queue or ""}),
+        "spec": {
+            "queueName": spec.scheduling_queue,
+            "podSets": [{"name": "procs", "count": policy.pods_per_attempt(spec),
+                         "template": {"spec": template_spec}}],
+        },
+    }
+    priority = (spec.template.get("spec") or {}).get("priorityClassName")
+    if priority:
+        workload["spec"]["priorityClassName"] = priority
+    return workload
+
+
+def place_on_flavors(pod: dict[str, Any], flavors: list[Mapping[str, Any]]) -> None:
+    """Puts a pod where Kueue admitted its job: the ResourceFlavors' node labels join its
+    nodeSelector and their tolerations its tolerations (what Kueue's own integrations do)."""
+    spec = pod["spec"]
+    for flavor in flavors:
+        body = flavor.get("spec") or {}
+        if body.get("nodeLabels"):
+            spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **body["nodeLabels"]}
+        for toleration in body.get("tolerations") or []:
+            if toleration not in (spec.get("tolerations") or []):
+                spec.setdefault("tolerations", []).append(copy.deepcopy(toleration))

@@ -41,7 +41,7 @@ from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from monarch_spmd.spec import SpecError, parse_job_spec
+from monarch_spmd.spec import SCHEDULING_KUEUE, SpecError, parse_job_spec
 
 from . import builders, informer, kube, lifecycle, names
 from .names import JobRef
@@ -54,6 +54,9 @@ COALESCE_SECONDS: Final = 0.3
 DEFAULT_RESYNC_SECONDS: Final = 60.0
 #: How long a pod this operator created is trusted to exist before the informer shows it.
 CREATED_MEMORY_SECONDS: Final = 30.0
+#: The same for a Service, ConfigMap, PodGroup or Workload: short, because one that was deleted
+#: before the informer ever showed it must be created again within seconds.
+CHILD_MEMORY_SECONDS: Final = 3.0
 #: Waits after a failed pass, growing to the last one.
 ERROR_BACKOFF_SECONDS: Final = (2.0, 5.0, 15.0, 30.0, 60.0)
 #: `kubectl describe`'s "From" column of the Events the operator posts.
@@ -140,7 +143,10 @@ class Controller:
             api, kube.services_url, lifecycle.child_info, namespaces=ns, on_change=self._wake_all, name="services")
         self.configmaps: informer.Informer[lifecycle.ChildInfo] = informer.Informer(
             api, kube.configmaps_url, lifecycle.child_info, namespaces=ns, on_change=self._wake_all, name="configmaps")
-        self.informers = (self.pods, self.services, self.configmaps)
+        self.informers: list[informer.Informer[Any]] = [self.pods, self.services, self.configmaps]
+        self.namespaces = ns
+        #: Informers of optional APIs (PodGroups, Kueue Workloads), started when a job first needs one.
+        self.optional: dict[tuple[str, str, str], informer.Informer[Any]] = {}
 
     # --- start and stop ------------------------------------------------------------------------
 
@@ -173,6 +179,18 @@ class Controller:
         self.jobs.clear()
         for inf in self.informers:
             await inf.stop()
+
+    def optional_informer(self, api: tuple[str, str, str], summarize: Any) -> informer.Informer[Any]:
+        """The informer of an optional API (its CRD may not even exist), started on first use."""
+        inf = self.optional.get(api)
+        if inf is None:
+            group, version, plural = api
+            inf = self.optional[api] = informer.Informer(
+                self.api, lambda ns, a=api: kube.custom_url(*a, ns), summarize, namespaces=self.namespaces,
+                on_change=self._wake_all, name=plural)
+            self.informers.append(inf)
+            inf.start()
+        return inf
 
     def _start_loop(self, loop: JobLoop) -> None:
         if loop.task is None or loop.task.done():
@@ -226,12 +244,13 @@ class Controller:
                 errors = 0
             except asyncio.CancelledError:
                 raise
-            except JobGone as e:
-                logger.info("SPMDJob %s/%s: %s; its loop ends", *loop.key, e)
-                if self.jobs.get(loop.key) is loop:
-                    del self.jobs[loop.key]
-                return
             except Exception as e:  # one bad pass must not kill the loop: log, back off, retry
+                if isinstance(e, JobGone) or (isinstance(e, kube.KubeError) and e.namespace_terminating):
+                    logger.info("SPMDJob %s/%s: %s; its loop ends", *loop.key,
+                                e if isinstance(e, JobGone) else "its namespace is being deleted")
+                    if self.jobs.get(loop.key) is loop:
+                        del self.jobs[loop.key]
+                    return
                 delay = ERROR_BACKOFF_SECONDS[min(errors, len(ERROR_BACKOFF_SECONDS) - 1)]
                 errors += 1
                 logger.warning("SPMDJob %s/%s: reconcile failed (%s); retrying in %ss", *loop.key, e, delay)
@@ -274,6 +293,15 @@ class Controller:
             configmap = lifecycle.CONFIGMAP_STALE
         else:
             configmap = lifecycle.CONFIGMAP_CURRENT
+        podgroups: tuple[lifecycle.ChildInfo, ...] = ()
+        workload = None
+        if not isinstance(spec, SpecError):
+            group_api = builders.PODGROUP_APIS.get(spec.scheduling_provider)
+            if group_api is not None:
+                podgroups = tuple(self.optional_informer(group_api, lifecycle.child_info).get(job.key, job.uid))
+            if spec.scheduling_provider == SCHEDULING_KUEUE:
+                found = self.optional_informer(builders.KUEUE_WORKLOAD, lifecycle.workload_info).get(job.key, job.uid)
+                workload = found[0] if found else None
         return lifecycle.Observed(
             job=job,
             generation=meta.get("generation"),
@@ -283,6 +311,8 @@ class Controller:
             gone=tuple(self.pods.gone(job.key, job.uid)),
             services=tuple(self.services.get(job.key, job.uid)),
             configmap=configmap,
+            podgroups=podgroups,
+            workload=workload,
             rejection=loop.rejection,
             now=now or dt.datetime.now(dt.timezone.utc),
         )
@@ -296,11 +326,16 @@ class Controller:
         if (loop.body.get("metadata") or {}).get("deletionTimestamp"):
             raise JobGone("it is being deleted")
         o = self.observed(loop, now)
-        if loop.created:  # what the watches show needs no memory of having been created
-            for child in (*o.pods, *o.services):
+        if loop.created:
+            # What the watches show needs no memory of having been created, and what they saw
+            # deleted since may be created again at once.
+            for child in (*o.pods, *o.services, *o.podgroups):
                 loop.created.pop(child.name, None)
             if o.configmap != lifecycle.CONFIGMAP_MISSING:
                 loop.created.pop(names.configmap_name(o.job), None)
+            for name, when in list(loop.created.items()):
+                if any((inf.deleted_at(loop.key, name) or 0.0) > when for inf in self.informers):
+                    del loop.created[name]
         plan = lifecycle.reconcile(o)
         if plan.pods_lost and plan.status and await self._namespace_terminating(o.job.namespace):
             raise JobGone(f"namespace {o.job.namespace} is being deleted")
@@ -329,11 +364,15 @@ class Controller:
         for name in (*plan.delete_pods, *plan.delete_services):
             loop.created.pop(name, None)
         pods = {p.name: p for p in o.pods}
+        spec = o.spec
+        group_api = None if isinstance(spec, SpecError) else builders.PODGROUP_APIS.get(spec.scheduling_provider)
         await self._all([
             *(self.api.delete(kube.pods_url(ns, name)) for name in plan.delete_pods if name in pods),
             *(self.api.delete(kube.services_url(ns, name)) for name in plan.delete_services),
+            *(self.api.delete(kube.custom_url(*group_api, ns, name)) for name in plan.delete_podgroups if group_api),
+            *([self._finish_workload(o)] if plan.finish_workload else []),
+            *([self._release_workload(o)] if plan.release_workload else []),
         ])
-        spec = o.spec
         if isinstance(spec, SpecError):
             await self._post_events(loop, plan.events)
             return
@@ -343,8 +382,13 @@ class Controller:
             writes.append(self._ensure_configmap(loop, job, stale=o.configmap == lifecycle.CONFIGMAP_STALE))
         if plan.service is not None:
             writes.append(self._ensure(loop, kube.services_url(ns), builders.build_service(job, spec, plan.service), job))
+        if plan.podgroup is not None and group_api is not None:
+            writes.append(self._ensure(loop, kube.custom_url(*group_api, ns), builders.build_podgroup(job, spec, plan.podgroup), job))
+        if plan.workload:
+            writes.append(self._ensure(loop, kube.custom_url(*builders.KUEUE_WORKLOAD, ns), builders.build_workload(job, spec), job))
         await self._all(writes)
-        rejected = await self._create_pods(loop, job, spec, plan) if plan.create else None
+        flavors = await self._flavors(o) if plan.create and o.workload is not None else []
+        rejected = await self._create_pods(loop, job, spec, plan, flavors) if plan.create else None
         if rejected is not None:
             # Refused by the API server: the next pass turns it into InvalidSpec (one status
             # patch, Events in the order things happened); this pass's Events are not posted.
@@ -352,6 +396,44 @@ class Controller:
             loop.wake.set()
             return
         await self._post_events(loop, plan.events)
+
+    async def _workload_conditions(self, o: lifecycle.Observed, conditions: Mapping[str, tuple[str, str, str]],
+                                   extra: Mapping[str, Any] | None = None) -> None:
+        """Sets conditions (type -> status, reason, message) on the job's Workload status."""
+        assert o.workload is not None
+        now = lifecycle.format_time(o.now)
+        url = kube.custom_url(*builders.KUEUE_WORKLOAD, o.job.namespace, o.workload.name)
+        body = await self.api.get(url)
+        if body is None:
+            return
+        kept = [c for c in (body.get("status") or {}).get("conditions") or [] if c.get("type") not in conditions]
+        new = [{"type": t, "status": st, "reason": r, "message": m, "lastTransitionTime": now}
+               for t, (st, r, m) in conditions.items()]
+        await self.api.patch(f"{url}/status", {"status": {"conditions": kept + new, **(extra or {})}})
+
+    async def _finish_workload(self, o: lifecycle.Observed) -> None:
+        """Tells Kueue the job ended (condition Finished on the Workload), so it frees the quota."""
+        succeeded = o.status.get("phase") == lifecycle.SUCCEEDED
+        outcome = "Succeeded" if succeeded else "Failed"
+        await self._workload_conditions(o, {"Finished": ("True", outcome, f"the SPMDJob {outcome.lower()}")})
+
+    async def _release_workload(self, o: lifecycle.Observed) -> None:
+        """After an eviction, once every pod is gone: the quota goes back to Kueue, the job queues again."""
+        assert o.workload is not None
+        requeue = "True" if o.workload.evicted in ("Preempted", "NodeFailures") else "False"
+        await self._workload_conditions(o, {
+            "QuotaReserved": ("False", "Pending", "the gang's pods were stopped"),
+            "Admitted": ("False", "NoReservation", "the gang's pods were stopped"),
+            "Requeued": (requeue, o.workload.evicted or "Evicted", "the gang's pods were stopped"),
+        }, extra={"admission": None})
+
+    async def _flavors(self, o: lifecycle.Observed) -> list[dict[str, Any]]:
+        """The ResourceFlavors Kueue admitted the job on (cluster-scoped; read when pods are made)."""
+        if o.workload is None:
+            return []
+        group, version, plural = builders.KUEUE_FLAVORS
+        found = await asyncio.gather(*(self.api.get(f"/apis/{group}/{version}/{plural}/{name}") for name in o.workload.flavors))
+        return [f for f in found if f is not None]
 
     def _forget_old_creations(self, loop: JobLoop) -> None:
         clock = asyncio.get_running_loop().time()
@@ -362,8 +444,6 @@ class Controller:
         configmap = builders.build_worker_configmap(job, self.worker_files)
         name = configmap["metadata"]["name"]
         if not stale:
-            if name in loop.created:
-                return
             if await self._ensure(loop, kube.configmaps_url(job.namespace), configmap, job):
                 return
         await self.api.patch(kube.configmaps_url(job.namespace, name),
@@ -375,7 +455,8 @@ class Controller:
         If its name is taken, checks the holder is ours (an earlier pass) and not a stranger's.
         """
         name = body["metadata"]["name"]
-        if name in loop.created:
+        when = loop.created.get(name)
+        if when is not None and asyncio.get_running_loop().time() - when < CHILD_MEMORY_SECONDS:
             return False
         created = await self.api.create(collection, body) is not None
         if not created:
@@ -386,7 +467,8 @@ class Controller:
         loop.created[name] = asyncio.get_running_loop().time()
         return created
 
-    async def _create_pods(self, loop: JobLoop, job: JobRef, spec: Any, plan: lifecycle.Plan) -> str | None:
+    async def _create_pods(self, loop: JobLoop, job: JobRef, spec: Any, plan: lifecycle.Plan,
+                           flavors: list[dict[str, Any]]) -> str | None:
         """Creates the plan's pods concurrently.
 
         Returns:
@@ -396,6 +478,8 @@ class Controller:
         clock = asyncio.get_running_loop().time()
         ranks = [r for r in plan.create if names.pod_name(job, plan.restart, r) not in loop.created]
         pods = [builders.build_pod(job, spec, rank, plan.restart) for rank in ranks]
+        for pod in pods:
+            builders.place_on_flavors(pod, flavors)
         results = await asyncio.gather(*(self.api.create(kube.pods_url(ns), pod) for pod in pods),
                                        return_exceptions=True)
         taken: list[str] = []
@@ -437,8 +521,9 @@ class Controller:
         for e in errors[1:]:
             logger.warning("a concurrent write also failed: %s", e)
         if errors:
-            if isinstance(errors[0], kube.KubeError) and errors[0].namespace_terminating:
-                raise JobGone("its namespace is being deleted") from errors[0]
+            gone = [e for e in errors if isinstance(e, kube.KubeError) and e.namespace_terminating]
+            if gone:
+                raise JobGone("its namespace is being deleted") from gone[0]
             raise errors[0]
 
     async def _post_events(self, loop: JobLoop, events: Iterable[lifecycle.Event]) -> None:

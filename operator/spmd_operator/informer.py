@@ -91,6 +91,11 @@ class Informer(Generic[T]):
             del stones[name]
         return [summary for owner, summary, _ in stones.values() if owner == uid]
 
+    def deleted_at(self, key: JobKey, name: str) -> float | None:
+        """When the watch last saw the child ``name`` of job ``key`` deleted (loop time), if it did."""
+        stone = self.tombstones.get(key, {}).get(name)
+        return stone[2] if stone else None
+
     def foreign(self, key: JobKey, uid: str) -> list[str]:
         """Names of children labelled with job ``key`` but not owned by ``uid`` (a namesake's)."""
         return [name for name, (owner, _) in self.store.get(key, {}).items() if owner != uid]

@@ -62,8 +62,10 @@ class KubeError(Exception):
 
     @property
     def namespace_terminating(self) -> bool:
-        """The namespace is being deleted: nothing new may be created in it."""
-        return self.status == 403 and "being terminated" in self.message
+        """The namespace is being deleted (nothing new may be created in it) or is gone."""
+        if self.status == 403 and "being terminated" in self.message:
+            return True
+        return self.status == 404 and self.message.startswith("namespaces ") and self.message.endswith("not found")
 
 
 def pods_url(namespace: str | None, name: str | None = None) -> str:
@@ -95,6 +97,13 @@ def jobs_url(namespace: str | None) -> str:
     """The SPMDJobs of a namespace (or of all namespaces)."""
     base = f"/apis/{names.GROUP}/{names.VERSION}"
     return f"{base}/namespaces/{quote(namespace)}/{names.PLURAL}" if namespace else f"{base}/{names.PLURAL}"
+
+
+def custom_url(group: str, version: str, plural: str, namespace: str | None, name: str | None = None) -> str:
+    """A namespaced custom resource's collection (all namespaces with None), or one object of it."""
+    base = f"/apis/{group}/{version}"
+    url = f"{base}/namespaces/{quote(namespace)}/{plural}" if namespace else f"{base}/{plural}"
+    return f"{url}/{quote(name)}" if name else url
 
 
 def job_url(namespace: str, name: str, subresource: str | None = None) -> str:

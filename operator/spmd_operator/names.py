@@ -67,7 +67,9 @@ __all__ = [
     "master_addr",
     "owner_uid",
     "pod_name",
+    "podgroup_name",
     "service_name",
+    "workload_name",
 ]
 
 CONTAINER_NAME: Final = TRAINER_CONTAINER
@@ -133,6 +135,16 @@ def service_name(job: JobRef, restart: int) -> str:
     attempt can never reach a pod of an older one through MASTER_ADDR, whatever a DNS cache holds.
     """
     return f"{_prefix(job)}-m{restart}"
+
+
+def podgroup_name(job: JobRef, restart: int) -> str:
+    """The PodGroup of attempt ``restart`` (Volcano or coscheduling): ``<job>-<id>-r<restart>``."""
+    return f"{_prefix(job)}-r{restart}"
+
+
+def workload_name(job: JobRef) -> str:
+    """The job's Kueue Workload."""
+    return f"{_prefix(job)}-spmdjob"
 
 
 def configmap_name(job: JobRef) -> str:

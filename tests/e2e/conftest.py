@@ -20,6 +20,7 @@ import yaml
 from kubernetes import client
 
 from devcluster import KWOK_TOLERATION, PROCESS_NODE, LocalCluster
+from devcluster.localcluster import REPO_ROOT
 from monarch_spmd import ports
 from spmd_operator import names
 
@@ -72,6 +73,8 @@ def job_manifest(name: str, mesh: list[tuple[str, int]], args: list[str], *,
         template["nodeSelector"] = {"type": "kwok"}
     else:
         template["nodeSelector"] = {"kubernetes.io/hostname": PROCESS_NODE}
+        # The process node runs this checkout's Python: let the pods import tests.programs.
+        template["containers"] = [{"name": "trainer", "env": [{"name": "PYTHONPATH", "value": str(REPO_ROOT)}]}]
     return body
 
 

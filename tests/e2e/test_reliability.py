@@ -31,15 +31,6 @@ SLEEP = ["-m", "tests.programs.fail_once", "--rank", "99", "--sleep", "600"]
 CONVERGE = RESYNC_SECONDS + 20
 
 
-def pythonpath(manifest):
-    """Lets the pods import tests.programs (the process node runs this checkout's Python)."""
-    from devcluster.localcluster import REPO_ROOT
-
-    container = {"name": "trainer", "env": [{"name": "PYTHONPATH", "value": str(REPO_ROOT)}]}
-    manifest["spec"]["template"]["spec"]["containers"] = [container]
-    return manifest
-
-
 def running_pods(c, namespace, name, restart=None):
     return [p for p in job_pods(c, namespace, name)
             if not p.metadata.deletion_timestamp and (restart is None or p.metadata.labels[RESTART] == str(restart))]
@@ -85,13 +76,14 @@ def test_job_deleted_and_job_created_around_an_outage(running_operator, namespac
     c.restart_apiserver(down_seconds=2)
     c.kubectl("delete", "spmdjob", "doomed", "-n", namespace, "--wait=false")
     apply(c, namespace, job_manifest("newborn", [("procs", 4)], ["-m", "train"], kwok=True))
-    wait_phase(c, namespace, "newborn", "Running", timeout=CONVERGE)
+    # The operator acts on the new job within the resync period; the scheduler, back from the
+    # outage on its own back-off, binds the pods when it can.
+    wait_until(lambda: len(job_pods(c, namespace, "newborn")) == 4, CONVERGE, "the new job's pods created")
+    wait_phase(c, namespace, "newborn", "Running", timeout=120)
     # The deleted job's pods go (garbage collection) and nothing recreates them.
     wait_until(lambda: not job_pods(c, namespace, "doomed"), CONVERGE, "the deleted job's pods gone")
     time.sleep(RESYNC_SECONDS + 2)
     assert not job_pods(c, namespace, "doomed"), "a loop of the deleted job created pods again"
-    log = (c.state_dir / "operator.log").read_text()
-    assert "reconcile failed" not in log.split("doomed")[-1] or True  # the log is informative only
 
 
 # --- another job's pods ------------------------------------------------------------------------
@@ -99,16 +91,15 @@ def test_job_deleted_and_job_created_around_an_outage(running_operator, namespac
 
 def test_a_new_job_ignores_the_terminating_pods_of_a_deleted_namesake(running_operator, namespace):
     c = running_operator
-    old = pythonpath(job_manifest("reuse", [("procs", 2)],
-                                  ["-m", "tests.programs.slow_stop", "--stop-seconds", "15"]))
+    old = job_manifest("reuse", [("procs", 2)], ["-m", "tests.programs.slow_stop", "--stop-seconds", "15"])
     old["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 30
     apply(c, namespace, old)
     first = wait_phase(c, namespace, "reuse", "Running", timeout=120)
     c.kubectl("delete", "spmdjob", "reuse", "-n", namespace, "--wait=false")
     wait_until(lambda: all(p.metadata.deletion_timestamp for p in job_pods(c, namespace, "reuse")), 60,
                "the old pods terminating (checkpointing for 15 s)")
-    new = pythonpath(job_manifest("reuse", [("procs", 2)], ["-m", "tests.programs.fail_once", "--rank", "99"],
-                                  restartPolicy={"maxRestarts": 0}))
+    new = job_manifest("reuse", [("procs", 2)], ["-m", "tests.programs.fail_once", "--rank", "99"],
+                       restartPolicy={"maxRestarts": 0})
     apply(c, namespace, new)
     job = wait_phase(c, namespace, "reuse", "Succeeded", timeout=120)
     assert job["metadata"]["uid"] != first["metadata"]["uid"]
@@ -174,9 +165,9 @@ def test_a_deleted_service_and_configmap_are_created_again(running_operator, nam
 
 
 def _overlap_during_restart(c, namespace, name, policy):
-    manifest = pythonpath(job_manifest(name, [("procs", 2)],
-                                       ["-m", "tests.programs.slow_stop", "--stop-seconds", "6", "--run-seconds", "4"],
-                                       restartPolicy={"maxRestarts": 1, "podReplacementPolicy": policy}))
+    manifest = job_manifest(name, [("procs", 2)],
+                            ["-m", "tests.programs.slow_stop", "--stop-seconds", "6", "--run-seconds", "4"],
+                            restartPolicy={"maxRestarts": 1, "podReplacementPolicy": policy})
     manifest["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 30
     apply(c, namespace, manifest)
     job = wait_phase(c, namespace, name, "Running", timeout=120)
@@ -280,5 +271,6 @@ def test_deleting_the_namespace_stops_the_job_quietly(running_operator, cluster)
 
     wait_until(gone, 120, "the namespace gone")
     assert not {r for t, r in seen if t == "Warning"}, seen
-    new_log = (c.state_dir / "operator.log").read_text()[log_before:]
-    assert "403" not in new_log and "Forbidden" not in new_log and "reconcile failed" not in new_log, new_log[-3000:]
+    new_log = [line for line in (c.state_dir / "operator.log").read_text()[log_before:].splitlines() if namespace in line]
+    text = "\n".join(new_log)
+    assert "403" not in text and "Forbidden" not in text and "reconcile failed" not in text, text[-3000:]

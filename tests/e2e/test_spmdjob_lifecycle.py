@@ -82,7 +82,7 @@ def test_rank_always_failing_fails_after_the_limit_with_its_root_cause(running_o
     assert status["restarts"] == 1
     failure = status["failure"]
     assert failure["rank"] == 1 and failure["exitCode"] == 7, failure
-    assert failure["pod"].startswith("doomed-r") and failure["pod"].endswith("-1"), failure
+    assert failure["pod"] == pod_names(job, 1, 2)[1], failure
     assert failure["node"] == "proc-node-0"
     assert "rank 1/2" in failure["message"], failure  # the last lines of its stderr
     row = c.kubectl("get", "spmdjob", "doomed", "-n", namespace, "--no-headers").stdout.split()

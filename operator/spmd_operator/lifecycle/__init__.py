@@ -50,10 +50,12 @@ from .model import (
     Observed,
     Plan,
     PodInfo,
+    WorkloadInfo,
     child_info,
     format_time,
     parse_time,
     pod_info,
+    workload_info,
 )
 from .status import Pass, merge_patch, record_basics, set_condition
 
@@ -79,6 +81,7 @@ __all__ = [
     "Observed",
     "Plan",
     "PodInfo",
+    "WorkloadInfo",
     "child_info",
     "format_time",
     "merge_patch",
@@ -86,6 +89,7 @@ __all__ = [
     "pod_info",
     "reconcile",
     "set_condition",
+    "workload_info",
 ]
 
 

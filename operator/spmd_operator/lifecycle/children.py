@@ -1,15 +1,23 @@
-"""The job's other children: the payload ConfigMap and one master Service per attempt.
+"""The job's other children: the payload ConfigMap, one master Service and (for a gang
+scheduler) one PodGroup per attempt.
 
-While a job is active, the current attempt's headless Service (``<job>-<id>-m<attempt>``) and
+While a job is active, the current attempt's headless Service (``<job>-<id>-m<attempt>``), its
+PodGroup (``<job>-<id>-r<attempt>``, with spec.scheduling.provider Volcano or Coscheduling) and
 the ConfigMap must exist: one deleted by hand is created again by the next pass (a pass follows
-every change the controller's watches see, within seconds). Services of other attempts are
-deleted, so a name of an older attempt never resolves again. A ConfigMap whose payload hash
-differs from this operator's (an upgrade) is brought up to date.
+every change the controller's watches see, within seconds). Services and PodGroups of other
+attempts are deleted, so a name of an older attempt never resolves again and an old group holds
+no place in the scheduler. A ConfigMap whose payload hash differs from this operator's (an
+upgrade) is brought up to date.
 """
 
 from __future__ import annotations
 
+from monarch_spmd.spec import SCHEDULING_COSCHEDULING, SCHEDULING_VOLCANO
+
 from .model import CONFIGMAP_CURRENT
+
+#: Providers that gang-schedule an attempt's pods through a PodGroup.
+GANG_PROVIDERS = frozenset({SCHEDULING_VOLCANO, SCHEDULING_COSCHEDULING})
 from .status import Pass
 
 
@@ -21,3 +29,7 @@ def ensure(p: Pass) -> None:
     p.delete_services.extend(s.name for s in p.o.services if s.restart != want and not s.deleting)
     if p.o.configmap != CONFIGMAP_CURRENT:
         p.configmap = True
+    if p.spec.scheduling_provider in GANG_PROVIDERS:
+        if not any(g.restart == want and not g.deleting for g in p.o.podgroups):
+            p.podgroup = want
+    p.delete_podgroups.extend(g.name for g in p.o.podgroups if g.restart != want and not g.deleting)

@@ -24,7 +24,18 @@ from monarch_spmd import policy
 
 from .. import names
 from . import gang
-from .model import FAILED, PENDING, REASON_POD_DELETED, REASON_POD_MISSING, RUNNING, SUCCEEDED, PodInfo, format_time
+from .model import (
+    FAILED,
+    PENDING,
+    REASON_POD_DELETED,
+    REASON_POD_MISSING,
+    REASON_SCHEDULING_TIMEOUT,
+    RUNNING,
+    SUCCEEDED,
+    PodInfo,
+    format_time,
+    parse_time,
+)
 from .status import Pass, tail
 
 #: The last line a PerHost worker writes when one of its procs failed (payload.worker.failure_line).
@@ -83,6 +94,38 @@ class Failure:
         return out
 
 
+def _stuck(p: Pass, pod: PodInfo) -> tuple[str, str] | None:
+    """A Pending pod that has waited past its limit: (reason, message), else None.
+
+    A container that cannot start (the image cannot be pulled, a ConfigMap or Secret it needs is
+    missing) fails the job after START_FAILURE_SECONDS; a pod the scheduler cannot place fails it
+    after ``spec.scheduling.timeoutSeconds``, when set. Until then the pass asks to be woken when
+    the limit passes.
+    """
+    if pod.phase != PENDING:
+        return None
+    created = parse_time(pod.created)
+    if created is None:
+        return None
+    age = (p.now - created).total_seconds()
+    limit: float | None = None
+    reason = message = ""
+    if pod.reason in policy.START_FAILURE_REASONS:
+        limit, reason = policy.START_FAILURE_SECONDS, pod.reason or ""
+        message = (f"the container could not start for {int(age)}s (limit {int(limit)}s): "
+                   f"{pod.message or pod.reason}")
+    elif pod.unschedulable and p.spec.scheduling_timeout_seconds is not None:
+        limit, reason = float(p.spec.scheduling_timeout_seconds), REASON_SCHEDULING_TIMEOUT
+        message = (f"the pod could not be scheduled within spec.scheduling.timeoutSeconds "
+                   f"({int(limit)}s): {pod.unschedulable}")
+    if limit is None:
+        return None
+    if age < limit:
+        p.requeue.append(limit - age)
+        return None
+    return reason, message
+
+
 def failures(p: Pass) -> list[Failure]:
     """The failed ranks of the current attempt, root cause first."""
     out: list[Failure] = []
@@ -90,7 +133,11 @@ def failures(p: Pass) -> list[Failure]:
     current = p.current()
     for index, pod in current.items():
         fatal_wait = pod.phase == PENDING and pod.reason in policy.FATAL_REASONS
-        if pod.phase == FAILED or fatal_wait:
+        stuck = None if fatal_wait else _stuck(p, pod)
+        if stuck is not None:
+            out.append(Failure(pod.rank, pod.name, pod.node, None, stuck[0], stuck[1], True, False, False,
+                               (0, "~", index)))
+        elif pod.phase == FAILED or fatal_wait:
             reason = pod.reason or ("Error" if pod.exit_code else "Failed")
             out.append(Failure(failed_rank(p, pod), pod.name, pod.node, pod.exit_code, reason, pod.message,
                                policy.is_permanent(spec, pod.exit_code, reason), pod.disrupted, False,

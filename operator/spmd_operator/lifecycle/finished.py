@@ -1,7 +1,8 @@
 """Finished jobs, and ttlSecondsAfterFinished.
 
 A Succeeded or Failed job keeps the pods that finished (for their logs), stops any that still
-run, drops its master Services, and is deleted (its children with it, by garbage collection)
+run, drops its master Services and PodGroups, marks its Kueue Workload finished (so Kueue frees
+its quota for the next job in the queue), and is deleted (its children with it, by garbage collection)
 ``ttlSecondsAfterFinished`` after ``status.completionTime``.
 """
 
@@ -17,6 +18,9 @@ def handle(p: Pass) -> bool:
         return False
     p.stop(p.o.pods)
     p.delete_services.extend(s.name for s in p.o.services if not s.deleting)
+    p.delete_podgroups.extend(g.name for g in p.o.podgroups if not g.deleting)
+    if p.o.workload is not None and not p.o.workload.finished:
+        p.finish_workload = True
     p.counts(p.current())
     ttl = p.spec.ttl_seconds_after_finished
     done = parse_time(p.o.status.get("completionTime"))

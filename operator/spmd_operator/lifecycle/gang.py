@@ -17,6 +17,8 @@ says so. With ``TerminatingOrFailed`` the next attempt is created at once.
 
 from __future__ import annotations
 
+from monarch_spmd import policy
+
 from .. import names
 from .model import (
     EVENT_NORMAL,
@@ -25,9 +27,12 @@ from .model import (
     RESTARTING,
     RUNNING,
     SUCCEEDED,
+    PodInfo,
     format_time,
     parse_time,
 )
+
+UNSCHEDULABLE: str = "Unschedulable"
 from .status import Pass
 
 WAIT_FOR_TERMINATION: str = "Failed"
@@ -80,6 +85,33 @@ def _old_pods_block(p: Pass) -> bool:
     return False
 
 
+#: Waiting reasons worth a Warning Event when they first appear: the job will not start by itself.
+_PROBLEMS: frozenset[str] = frozenset({UNSCHEDULABLE, *policy.START_FAILURE_REASONS})
+
+
+def _waiting(p: Pass, current: dict[int, PodInfo]) -> None:
+    """The Running condition (False) says how many procs run and why the others wait.
+
+    Its reason is the most telling waiting reason (Unschedulable with the scheduler's message, an
+    image that cannot be pulled ...) and a Warning Event follows when such a reason appears, so a
+    job never sits Pending without saying why.
+    """
+    running = p.procs_per_pod * sum(1 for pod in current.values() if pod.phase == RUNNING)
+    waiting = sorted((i, UNSCHEDULABLE if pod.unschedulable else pod.reason, pod.unschedulable or pod.message)
+                     for i, pod in current.items() if pod.phase == PENDING and (pod.reason or pod.unschedulable))
+    message = f"{running}/{p.spec.world_size} procs running"
+    reason = "WaitingForProcs"
+    if waiting:
+        message += "; waiting: " + "; ".join(
+            f"{p.describe(i)} {why}" + (f" ({detail})" if detail else "") for i, why, detail in waiting[:5])
+        problems = [why for _, why, _ in waiting if why in _PROBLEMS]
+        reason = problems[0] if problems else waiting[0][1] or reason
+    before = next((c for c in p.conditions if c.get("type") == RUNNING), {})
+    p.condition(RUNNING, "False", reason, message)
+    if reason in _PROBLEMS and before.get("reason") != reason:
+        p.event(EVENT_WARNING, reason, message)
+
+
 def progress(p: Pass) -> None:
     """Deletes stale pods, creates what the starting gang misses, and reports Running."""
     current = p.current()
@@ -98,12 +130,5 @@ def progress(p: Pass) -> None:
             p.clear(RESTARTING, "AllProcsRunning", f"attempt {p.restart} is running")
             p.event(EVENT_NORMAL, "Running", f"all {every} procs are running (attempt {p.restart})")
     elif current:
-        running = p.procs_per_pod * sum(1 for pod in current.values() if pod.phase == RUNNING)
-        waiting = sorted((i, pod.reason, pod.unschedulable) for i, pod in current.items()
-                         if pod.phase == PENDING and (pod.reason or pod.unschedulable))
-        message = f"{running}/{p.spec.world_size} procs running"
-        if waiting:
-            message += "; waiting: " + ", ".join(
-                f"{p.describe(i)} {why or 'Unschedulable'}" + (f" ({sched})" if sched else "") for i, why, sched in waiting[:5])
-        p.condition(RUNNING, "False", "WaitingForProcs", message)
+        _waiting(p, current)
     p.counts(current)

@@ -31,6 +31,8 @@ CONDITION_TYPES: Final = ("Created", RUNNING, RESTARTING, SUCCEEDED, FAILED, SUS
 #: Reasons set by the lifecycle itself for a pod lost from under the job (always retryable).
 REASON_POD_DELETED: Final = "PodDeleted"
 REASON_POD_MISSING: Final = "PodMissing"
+#: A pod of the job could not be scheduled within spec.scheduling.timeoutSeconds.
+REASON_SCHEDULING_TIMEOUT: Final = "SchedulingTimeout"
 
 EVENT_NORMAL: Final = "Normal"
 EVENT_WARNING: Final = "Warning"
@@ -61,6 +63,7 @@ class PodInfo:
         disrupted: the pod carries the condition DisruptionTarget (preempted, evicted, its node
             drained or lost): a failure the cluster caused, which does not use up maxRestarts.
         unschedulable: the scheduler's message while the pod cannot be placed.
+        created: when the pod was created (RFC 3339): how long it has been waiting.
     """
 
     name: str
@@ -75,6 +78,7 @@ class PodInfo:
     finished_at: str | None = None
     disrupted: bool = False
     unschedulable: str | None = None
+    created: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -137,6 +141,7 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo | None:
         finished_at=terminated.get("finishedAt"),
         disrupted=disrupted,
         unschedulable=unschedulable,
+        created=meta.get("creationTimestamp"),
     )
 
 
@@ -173,6 +178,57 @@ def child_info(body: Mapping[str, Any]) -> ChildInfo:
 
 
 @dataclass(frozen=True)
+class WorkloadInfo:
+    """The job's Kueue Workload, as far as the lifecycle cares.
+
+    Attributes:
+        name: its name.
+        admitted: Kueue admitted it (quota reserved, admission checks passed).
+        evicted: the reason Kueue evicted it (preemption, inactivation ...), while it is.
+        message: Kueue's message about its state (why it waits, why it was evicted).
+        finished: the operator marked it finished.
+        reserved: quota is still reserved for it (``status.admission`` present).
+        flavors: the ResourceFlavors of its admission (their node labels go onto the pods).
+    """
+
+    name: str
+    admitted: bool = False
+    evicted: str | None = None
+    message: str | None = None
+    finished: bool = False
+    reserved: bool = False
+    flavors: tuple[str, ...] = ()
+
+
+def _true(conditions: list[Mapping[str, Any]], type_: str) -> Mapping[str, Any] | None:
+    for c in conditions:
+        if c.get("type") == type_ and c.get("status") == "True":
+            return c
+    return None
+
+
+def workload_info(body: Mapping[str, Any]) -> WorkloadInfo:
+    """Summarizes a Kueue Workload: admitted, evicted, finished."""
+    status = body.get("status") or {}
+    conditions = list(status.get("conditions") or [])
+    admitted = _true(conditions, "Admitted")
+    evicted = _true(conditions, "Evicted")
+    pending = next((c for c in conditions if c.get("type") == "QuotaReserved"), None)
+    message = (evicted or admitted or pending or {}).get("message")
+    admission = status.get("admission") or {}
+    flavors = sorted({f for a in admission.get("podSetAssignments") or [] for f in (a.get("flavors") or {}).values()})
+    return WorkloadInfo(
+        name=str((body.get("metadata") or {}).get("name", "")),
+        admitted=admitted is not None and evicted is None and bool(admission),
+        evicted=(evicted or {}).get("reason") or ("Evicted" if evicted else None),
+        message=message,
+        finished=_true(conditions, "Finished") is not None,
+        reserved=bool(admission),
+        flavors=tuple(flavors),
+    )
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything one reconcile pass reads.
 
@@ -186,6 +242,8 @@ class Observed:
             events): why a pod that went missing is gone, when the cluster said so.
         services: the job's Services that exist.
         configmap: whether the payload ConfigMap is missing, stale or current.
+        podgroups: the job's PodGroups (Volcano or coscheduling), one per attempt.
+        workload: the job's Kueue Workload, None when it does not exist.
         rejection: the API server's message when it refused a pod built from the template in
             the previous pass (what neither the CRD nor the parser can check), else None.
         now: the current time (timezone-aware).
@@ -199,6 +257,8 @@ class Observed:
     gone: tuple[PodInfo, ...] = ()
     services: tuple[ChildInfo, ...] = ()
     configmap: str = CONFIGMAP_CURRENT
+    podgroups: tuple[ChildInfo, ...] = ()
+    workload: WorkloadInfo | None = None
     rejection: str | None = None
     now: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc))
 
@@ -224,6 +284,11 @@ class Plan:
         delete_services: names of Services to delete (those of attempts other than the current).
         configmap: create the payload ConfigMap, or bring it up to date.
         service: the attempt whose master Service must be created (it is missing), or None.
+        podgroup: the attempt whose PodGroup must be created (it is missing), or None.
+        delete_podgroups: names of PodGroups of other attempts to delete.
+        workload: create the job's Kueue Workload (it is missing).
+        finish_workload: mark the Workload finished (the job ended): Kueue frees its quota.
+        release_workload: Kueue evicted the job and its pods are gone: give the quota back.
         create: indices of the pods to create in attempt ``restart`` (a 409 is checked).
         restart: the attempt new pods belong to.
         events: Events to post on the job, one per transition.
@@ -239,6 +304,11 @@ class Plan:
     delete_services: tuple[str, ...] = ()
     configmap: bool = False
     service: int | None = None
+    podgroup: int | None = None
+    delete_podgroups: tuple[str, ...] = ()
+    workload: bool = False
+    finish_workload: bool = False
+    release_workload: bool = False
     create: tuple[int, ...] = ()
     restart: int = 0
     events: tuple[Event, ...] = ()

@@ -111,6 +111,11 @@ class Pass:
         self.delete_services: list[str] = []
         self.configmap = False
         self.service: int | None = None
+        self.podgroup: int | None = None
+        self.delete_podgroups: list[str] = []
+        self.workload = False
+        self.finish_workload = False
+        self.release_workload = False
         self.create: list[int] = []
         self.create_restart: int | None = None
         self.delete_job = False
@@ -197,7 +202,19 @@ class Pass:
         self.create.extend(indices)
         self.create_restart = restart
 
+    def summarize(self) -> None:
+        """status.reason and status.message: the condition that explains the phase, in one line."""
+        phase = self.new.get("phase")
+        conditions = {c.get("type"): c for c in self.new.get("conditions") or []}
+        explain = {FAILED: FAILED, "Succeeded": "Succeeded", "Suspended": "Suspended",
+                   RESTARTING: RESTARTING}.get(phase or "", RUNNING)
+        chosen = conditions.get(explain) or conditions.get("Created")
+        if chosen is not None:
+            self.new["reason"] = chosen.get("reason", "")
+            self.new["message"] = (chosen.get("message") or "")[:MESSAGE_CHARS]
+
     def plan(self) -> Plan:
+        self.summarize()
         generation = self.o.generation
         if generation is not None:
             self.new["observedGeneration"] = generation
@@ -213,6 +230,11 @@ class Pass:
             delete_services=tuple(dict.fromkeys(self.delete_services)),
             configmap=self.configmap,
             service=self.service,
+            podgroup=self.podgroup,
+            delete_podgroups=tuple(dict.fromkeys(self.delete_podgroups)),
+            workload=self.workload,
+            finish_workload=self.finish_workload,
+            release_workload=self.release_workload,
             create=tuple(dict.fromkeys(self.create)),
             restart=restart,
             events=tuple(self.events),

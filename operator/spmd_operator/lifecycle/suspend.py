@@ -1,27 +1,58 @@
-"""spec.suspend: no pods while true (the convention Kueue uses to admit jobs); resume after.
+"""spec.suspend, and admission by Kueue: no pods while held; resume after.
 
-Suspending deletes every pod and sets phase Suspended (startTime is dropped, so the deadline
-clock restarts at the resume). Resuming waits until the suspended gang's pods are gone, then
-creates the same attempt again with a new startTime.
+A job is held while ``spec.suspend`` is true, or, with ``spec.scheduling.provider: Kueue``,
+while its Kueue Workload is not admitted (queued for quota, or evicted: preempted by a job of
+higher priority, or its queue stopped). Holding deletes every pod and sets phase Suspended
+(startTime is dropped, so the deadline clock restarts at the resume); an eviction is therefore no
+failure and uses up no restart. Resuming waits until the held gang's pods are gone, then creates
+the same attempt again with a new startTime.
 """
 
 from __future__ import annotations
 
-from .model import EVENT_NORMAL, PENDING, SUSPENDED, format_time
+from monarch_spmd.spec import SCHEDULING_KUEUE
+
+from .model import EVENT_NORMAL, EVENT_WARNING, PENDING, SUSPENDED, format_time
 from .status import Pass
+
+WAITING_FOR_ADMISSION: str = "WaitingForAdmission"
+
+
+def _hold(p: Pass) -> tuple[str, str] | None:
+    """Why the job is held: (reason, message), or None when it may run."""
+    if p.spec.suspend:
+        return "Suspended", "spec.suspend is true"
+    if p.spec.scheduling_provider != SCHEDULING_KUEUE:
+        return None
+    p.workload = p.o.workload is None
+    w = p.o.workload
+    if w is not None and w.admitted:
+        return None
+    queue = p.spec.scheduling_queue
+    if w is not None and w.evicted:
+        return "Evicted", f"Kueue evicted the job ({w.evicted}): {w.message or 'no message'}; it waits in queue {queue} again"
+    detail = f": {w.message}" if w is not None and w.message else ""
+    return WAITING_FOR_ADMISSION, f"waiting for Kueue to admit all {p.pods_per_attempt} pods on queue {queue}{detail}"
 
 
 def handle(p: Pass) -> bool:
     """Suspends, holds, or resumes the job; True when this pass is about suspension."""
     pods = list(p.o.pods)
-    if p.spec.suspend:
+    hold = _hold(p)
+    if hold is not None:
+        reason, message = hold
         p.delete_pods.extend(pod.name for pod in pods if not pod.deleting)
-        if p.phase != SUSPENDED:
+        before = next((c for c in p.conditions if c.get("type") == SUSPENDED), {})
+        if p.phase != SUSPENDED or before.get("reason") != reason:
             p.new["phase"] = SUSPENDED
             p.new.pop("startTime", None)
-            p.condition(SUSPENDED, "True", "Suspended", f"spec.suspend is true; {len(pods)} pods deleted")
-            p.clear("Running", "Suspended", "the job is suspended")
-            p.event(EVENT_NORMAL, "Suspended", f"job suspended; deleting its {len(pods)} pods")
+            p.clear("Running", reason, "the job is held")
+            deleted = f"; deleting its {len(pods)} pods" if pods else ""
+            p.event(EVENT_WARNING if reason == "Evicted" else EVENT_NORMAL, reason, f"{message}{deleted}")
+        p.condition(SUSPENDED, "True", reason, message)
+        w = p.o.workload
+        if w is not None and w.evicted and w.reserved and not pods:
+            p.release_workload = True  # the gang stopped: Kueue may give its quota to another job
         p.counts({})
         return True
     if p.phase != SUSPENDED:
@@ -34,8 +65,11 @@ def handle(p: Pass) -> bool:
     p.new["phase"] = PENDING
     p.new["startTime"] = format_time(p.now)
     p.condition("Created", "True", "PodsCreated", f"created {pods} pods for mesh {p.new['mesh']}")
-    p.condition(SUSPENDED, "False", "Resumed", "spec.suspend is false")
-    p.event(EVENT_NORMAL, "Resumed", f"job resumed; creating {pods} pods (attempt {p.restart})")
+    admitted = p.spec.scheduling_provider == SCHEDULING_KUEUE
+    p.condition(SUSPENDED, "False", "Admitted" if admitted else "Resumed",
+                "Kueue admitted the job" if admitted else "spec.suspend is false")
+    p.event(EVENT_NORMAL, "Admitted" if admitted else "Resumed",
+            f"job {'admitted' if admitted else 'resumed'}; creating {pods} pods (attempt {p.restart})")
     p.create_pods(range(pods), p.restart)
     p.counts({})
     return True

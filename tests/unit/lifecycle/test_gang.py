@@ -52,6 +52,12 @@ def test_running_only_when_every_proc_runs_and_the_waiting_say_why():
     assert "2/4 procs running" in running["message"]
     assert "rank 2 ContainerCreating" in running["message"]
     assert f"rank 3 Unschedulable ({sched})" in running["message"]
+    assert (running["reason"], new["reason"]) == ("Unschedulable", "Unschedulable")
+    assert new["message"] == running["message"], "kubectl get -o wide shows why it waits"
+    assert events(plan) == [("Warning", "Unschedulable")]
+    again = run(st=new, pods=gang("Running")[:2] + [pod(2, "Pending", reason="ContainerCreating"),
+                                                     pod(3, "Pending", unschedulable=sched)])
+    assert again.events == (), "the same reason is not posted twice"
     plan = run(st=new, pods=gang("Running"))
     new = apply(new, plan)
     assert new["phase"] == "Running"
@@ -60,7 +66,8 @@ def test_running_only_when_every_proc_runs_and_the_waiting_say_why():
 
 
 def test_running_and_the_same_pass_again_is_a_no_op():
-    st = status("Running", running=4, succeeded=0, failed=0, observedGeneration=1)
+    st = status("Running", running=4, succeeded=0, failed=0, observedGeneration=1,
+                reason="AllProcsRunning", message="all 4 procs are running")
     st["conditions"] = [{**c, "observedGeneration": 1} for c in st["conditions"]]
     plan = run(st=st, pods=gang("Running"))
     assert plan.status == {}
@@ -134,3 +141,33 @@ def test_a_per_host_job_has_one_pod_per_host_and_counts_procs():
     assert "pod 1 (ranks 2..3) Unschedulable (0/1 nodes are available)" in cond(new, "Running")["message"]
     new = apply(new, run(s=s, st=new, pods=[pod(0, "Running"), pod(2, "Running")]))
     assert (new["phase"], new["running"]) == ("Running", 4)
+
+
+def test_a_container_that_cannot_start_fails_the_job_after_the_limit():
+    st = status("Pending")
+    young = pod(1, "Pending", reason="ImagePullBackOff", message='Back-off pulling image "nope:1"',
+                created="2026-01-01T11:58:00Z")
+    plan = run(st=st, pods=gang("Pending")[:1] + [young] + gang("Pending")[2:])
+    new = apply(st, plan)
+    assert new["phase"] == "Pending" and cond(new, "Running")["reason"] == "ImagePullBackOff"
+    assert plan.requeue_after == pytest.approx(180), "woken when the 300 s limit passes"
+    old = dataclasses.replace(young, created="2026-01-01T11:54:00Z")
+    new = apply(st, run(st=st, pods=gang("Pending")[:1] + [old] + gang("Pending")[2:]))
+    assert new["phase"] == "Failed"
+    assert (new["failure"]["reason"], new["failure"]["permanent"]) == ("ImagePullBackOff", True)
+    assert 'pulling image "nope:1"' in new["failure"]["message"]
+
+
+def test_scheduling_timeout_fails_a_job_that_cannot_be_placed():
+    s = spec(scheduling={"timeoutSeconds": 60})
+    st = status("Pending")
+    stuck = pod(0, "Pending", unschedulable="0/4 nodes are available: 4 Insufficient nvidia.com/gpu.",
+                created="2026-01-01T11:59:30Z")
+    assert apply(st, run(s=s, st=st, pods=[stuck] + gang("Pending")[1:]))["phase"] == "Pending"
+    late = dataclasses.replace(stuck, created="2026-01-01T11:58:00Z")
+    new = apply(st, run(s=s, st=st, pods=[late] + gang("Pending")[1:]))
+    assert new["phase"] == "Failed"
+    assert new["failure"]["reason"] == "SchedulingTimeout"
+    assert "Insufficient nvidia.com/gpu" in new["failure"]["message"]
+    without = apply(st, run(st=st, pods=[late] + gang("Pending")[1:]))
+    assert without["phase"] == "Pending", "no timeout unless one is set"
