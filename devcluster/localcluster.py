@@ -21,7 +21,7 @@ from typing import Any, Final
 from kubernetes import client, config
 
 from devcluster.binaries import ensure_binaries
-from devcluster.controlplane import ControlPlane, die_with_parent, stop_process_group
+from devcluster.controlplane import ControlPlane, die_with_parent, free_port, stop_process_group
 from devcluster.kueue import Kueue, ensure_kueue
 from devcluster.kwoknodes import KwokNodes
 from devcluster.nodeagent import NodeAgent
@@ -160,11 +160,19 @@ class LocalCluster:
         """Run `python -m spmd_operator --all-namespaces *args`, logging to operator.log.
 
         The CRDs are applied first unless `install_crds` is False. Calling it again restarts
-        the operator (stop_operator() first: SIGTERM, SIGKILL after a grace period).
+        the operator (stop_operator() first: SIGTERM, SIGKILL after a grace period). Unless
+        `args` say otherwise, its health and metrics ports are free ones (several clusters may
+        share the machine) and it runs alone, without leader election.
         """
         self.stop_operator()
         if install_crds:
             self.install_crds()
+        if not any(a.startswith("--liveness") for a in args):
+            args = (*args, "--liveness", f"http://127.0.0.1:{free_port()}/healthz")
+        if not any(a.startswith("--metrics-port") for a in args):
+            args = (*args, "--metrics-port", str(free_port()))
+        if not any(a.endswith("leader-election") for a in args):
+            args = (*args, "--no-leader-election")
         env = {**self.env, "PYTHONPATH": os.pathsep.join(
             filter(None, [str(REPO_ROOT / "operator"), str(REPO_ROOT),
                           self.env.get("PYTHONPATH", "")]))}

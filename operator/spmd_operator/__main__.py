@@ -6,6 +6,9 @@ end-to-end tests all start the operator with this one command. Equivalent kopf i
 
     kopf run -m spmd_operator.handlers --standalone -A --liveness=http://0.0.0.0:8080/healthz
 
+(under ``kopf run`` there is no leader election and no metrics server: use this command for
+more than one replica.)
+
 Credentials come from the usual places, found by kopf: the in-cluster service account, or the
 kubeconfig named by $KUBECONFIG (default ~/.kube/config) and its current context.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -44,6 +48,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--resync-seconds", type=float, default=None, metavar="S",
         help="how often each job re-reads itself and its children from the API server (default 60)",
     )
+    parser.add_argument(
+        "--metrics-port", type=int, default=None, metavar="PORT",
+        help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics (default 9090; 0 turns them off)",
+    )
+    election = parser.add_argument_group("leader election (a coordination.k8s.io Lease; only the leader writes)")
+    election.add_argument("--leader-election", action=argparse.BooleanOptionalAction, default=True,
+                          help="elect a leader among replicas (default on)")
+    election.add_argument("--leader-election-namespace", metavar="NS",
+                          help="the Lease's namespace (default: $POD_NAMESPACE, else 'default')")
+    election.add_argument("--lease-name", default=None, metavar="NAME", help="the Lease's name (default spmdjob-operator)")
+    election.add_argument("--lease-duration", type=float, default=None, metavar="S",
+                          help="seconds a Lease lasts without renewal (default 10)")
+    election.add_argument("--renew-deadline", type=float, default=None, metavar="S",
+                          help="seconds the leader tries to renew before it stops leading (default 7)")
+    election.add_argument("--retry-period", type=float, default=None, metavar="S",
+                          help="seconds between tries to take or renew the Lease (default 2)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
     parser.add_argument("--debug", action="store_true", help="log every API call and event")
     args = parser.parse_args(argv)
@@ -56,6 +76,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--concurrency must be at least 1")
     if args.resync_seconds is not None and not args.resync_seconds > 0:
         parser.error("--resync-seconds must be greater than 0")
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        parser.error(f"--metrics-port: {args.metrics_port} is out of range; valid is 0..65535 (0 turns metrics off)")
+    from .leader import DEFAULT_LEASE_NAME, LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD, Timings
+
+    try:
+        args.timings = Timings(args.lease_duration or LEASE_DURATION, args.renew_deadline or RENEW_DEADLINE,
+                               args.retry_period or RETRY_PERIOD)
+    except ValueError as e:
+        parser.error(str(e))
+    args.lease_name = args.lease_name or DEFAULT_LEASE_NAME
     return args
 
 
@@ -67,12 +97,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     from . import handlers  # noqa: F401  (registers the handlers)
     from .controller import DEFAULT_RESYNC_SECONDS
     from .kube import DEFAULT_CONCURRENCY
+    from .metrics import DEFAULT_PORT
 
     kopf.configure(verbose=args.verbose, debug=args.debug)
+    election = None
+    if args.leader_election:
+        election = {
+            "namespace": args.leader_election_namespace or os.environ.get("POD_NAMESPACE") or "default",
+            "name": args.lease_name,
+            "identity": os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
+            "timings": args.timings,
+        }
     memo = kopf.Memo(
         concurrency=args.concurrency or DEFAULT_CONCURRENCY,
         namespaces=[] if args.all_namespaces else list(args.namespace),
         resync_seconds=args.resync_seconds or DEFAULT_RESYNC_SECONDS,
+        metrics_port=DEFAULT_PORT if args.metrics_port is None else args.metrics_port,
+        leader_election=election,
     )
     kopf.run(
         standalone=True,

@@ -44,6 +44,7 @@ from typing import Any, Final
 from monarch_spmd.spec import SCHEDULING_KUEUE, SpecError, parse_job_spec
 
 from . import builders, informer, kube, lifecycle, names
+from .metrics import Metrics
 from .names import JobRef
 
 logger = logging.getLogger(__name__)
@@ -124,12 +125,15 @@ class Controller:
         worker_files: the payload's files for the ConfigMaps (see :func:`builders.worker_files`).
         namespaces: the namespaces watched (None: all).
         resync_seconds: how often each job re-reads itself and its children from the server.
+        metrics: where passes, pod writes and transitions are counted.
     """
 
     def __init__(self, api: kube.Kube, worker_files: Mapping[str, str], *,
                  namespaces: Iterable[str] | None = None,
-                 resync_seconds: float = DEFAULT_RESYNC_SECONDS) -> None:
+                 resync_seconds: float = DEFAULT_RESYNC_SECONDS,
+                 metrics: Metrics | None = None) -> None:
         self.api = api
+        self.metrics = metrics or Metrics(lambda: [loop.body for loop in self.jobs.values()])
         self.worker_files = dict(worker_files)
         self.payload_hash = builders.payload_hash(self.worker_files)
         self.resync_seconds = resync_seconds
@@ -150,22 +154,29 @@ class Controller:
 
     # --- start and stop ------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Starts the informers and waits for their first lists; then the loops may run."""
+    async def start(self, *, activate: bool = True) -> None:
+        """Starts the informers and waits for their first lists; then (``activate``) the loops.
+
+        A standby replica starts its informers too (a warm view makes a takeover quick) but runs
+        no loop until the leader elector calls :meth:`activate`.
+        """
         for inf in self.informers:
             inf.start()
         await asyncio.gather(*(inf.ready.wait() for inf in self.informers))
-        self.activate()
+        if activate:
+            self.activate()
 
     def activate(self) -> None:
         """Starts a loop for every known job (this replica may write)."""
         self.active = True
+        self.metrics.leader.set(1)
         for loop in self.jobs.values():
             self._start_loop(loop)
 
     async def deactivate(self) -> None:
         """Stops every loop at once (this replica must not write any more); jobs stay known."""
         self.active = False
+        self.metrics.leader.set(0)
         tasks = [loop.task for loop in self.jobs.values() if loop.task is not None]
         for loop in self.jobs.values():
             loop.task = None
@@ -241,6 +252,7 @@ class Controller:
                     await self.resync(loop)
                     next_resync = clock() + self.resync_seconds
                 delay = await self.reconcile_once(loop)
+                self.metrics.passes.observe(clock() - started)
                 errors = 0
             except asyncio.CancelledError:
                 raise
@@ -253,6 +265,7 @@ class Controller:
                     return
                 delay = ERROR_BACKOFF_SECONDS[min(errors, len(ERROR_BACKOFF_SECONDS) - 1)]
                 errors += 1
+                self.metrics.errors.inc()
                 logger.warning("SPMDJob %s/%s: reconcile failed (%s); retrying in %ss", *loop.key, e, delay)
                 if errors == 1:
                     await self._post_events(loop, [lifecycle.Event(
@@ -357,6 +370,7 @@ class Controller:
                     raise JobGone("it no longer exists on the server") from e
                 raise
             loop.wrote(patched)
+            self.metrics.transition(o.status, plan.status, (loop.body.get("metadata") or {}).get("creationTimestamp"), o.now)
         if plan.delete_job:
             await self._post_events(loop, plan.events)
             await self.api.delete(kube.job_url(ns, job.name), uid=job.uid)
@@ -366,6 +380,7 @@ class Controller:
         pods = {p.name: p for p in o.pods}
         spec = o.spec
         group_api = None if isinstance(spec, SpecError) else builders.PODGROUP_APIS.get(spec.scheduling_provider)
+        self.metrics.pods_deleted.inc(sum(1 for name in plan.delete_pods if name in pods))
         await self._all([
             *(self.api.delete(kube.pods_url(ns, name)) for name in plan.delete_pods if name in pods),
             *(self.api.delete(kube.services_url(ns, name)) for name in plan.delete_services),
@@ -491,6 +506,8 @@ class Controller:
                 taken.append(name)
             if not isinstance(result, BaseException):
                 loop.created[name] = clock
+                if result is not None:
+                    self.metrics.pods_created.inc()
         if taken:
             await self._check_taken(loop, job, taken)
         self._raise_first(results)

@@ -19,7 +19,8 @@ from typing import Any, Final
 
 import kopf
 
-from . import builders, controller, kube, names
+from . import builders, controller, kube, leader, names
+from .metrics import Metrics
 
 class _QuietEventHandlers(logging.Filter):
     """Drops kopf's "Handler 'job_event' succeeded." lines: one per job event is noise at scale."""
@@ -62,21 +63,46 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """Applies the settings, logs in, and starts the controller's informers."""
+    """Applies the settings, logs in, serves the metrics, starts the informers and (when this
+    replica leads, or leader election is off) the job loops."""
     configure_settings(settings)
-    api = await kube.Kube.connect(concurrency=int(getattr(memo, "concurrency", kube.DEFAULT_CONCURRENCY)))
-    memo.controller = controller.Controller(
+    ctl_ref: list[controller.Controller] = []
+    metrics = Metrics(lambda: [loop.body for loop in ctl_ref[0].jobs.values()] if ctl_ref else [])
+    api = await kube.Kube.connect(concurrency=int(getattr(memo, "concurrency", kube.DEFAULT_CONCURRENCY)),
+                                  observe=metrics.request)
+    ctl = controller.Controller(
         api, builders.worker_files(),
         namespaces=getattr(memo, "namespaces", None) or None,
         resync_seconds=float(getattr(memo, "resync_seconds", controller.DEFAULT_RESYNC_SECONDS)),
+        metrics=metrics,
     )
-    await memo.controller.start()
+    ctl_ref.append(ctl)
+    memo.controller = ctl
+    port = int(getattr(memo, "metrics_port", 0) or 0)
+    if port:
+        metrics.serve(port)
+    election: dict[str, Any] | None = getattr(memo, "leader_election", None)
+    await ctl.start(activate=election is None)
+    if election is not None:
+        async def started() -> None:
+            ctl.activate()
+
+        memo.elector = leader.LeaderElector(api, election["namespace"], election["name"], election["identity"],
+                                            on_started=started, on_stopped=ctl.deactivate,
+                                            timings=election["timings"])
+        memo.elector.start()
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    """Stops every job loop and informer, and logs out."""
+    """On SIGTERM: stops every job loop (each pass is idempotent, so an abandoned write is
+    repeated by the next leader), hands the Lease back, stops the informers and logs out."""
+    elector = getattr(memo, "elector", None)
     ctl = getattr(memo, "controller", None)
+    if ctl is not None:
+        await ctl.deactivate()
+    if elector is not None:
+        await elector.stop(release=True)
     if ctl is not None:
         await ctl.stop()
         await ctl.api.close()

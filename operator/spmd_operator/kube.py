@@ -246,6 +246,12 @@ class Kube:
             result = await self.request("PATCH", path, body=dict(patch), content_type=MERGE_PATCH)
         return result if isinstance(result, dict) else {}
 
+    async def replace(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """PUTs the whole object (its metadata.resourceVersion makes it conditional: 409 if stale)."""
+        async with self._limit:
+            result = await self.request("PUT", path, body=dict(body))
+        return result if isinstance(result, dict) else {}
+
     async def delete(self, path: str, *, uid: str | None = None, propagation: str = "Background") -> bool:
         """Deletes the object at ``path``; False when it is already gone (404).
 

@@ -32,8 +32,10 @@ RESYNC_SECONDS = 10
 
 
 def operator_args() -> list[str]:
-    """The flags the end-to-end tests run the operator with."""
-    return ["--liveness", f"http://127.0.0.1:{free_port()}/healthz", "--resync-seconds", str(RESYNC_SECONDS)]
+    """The flags the end-to-end tests run the operator with: one replica (no leader election, so
+    a restarted operator need not wait for its predecessor's Lease), ports of its own."""
+    return ["--liveness", f"http://127.0.0.1:{free_port()}/healthz", "--resync-seconds", str(RESYNC_SECONDS),
+            "--metrics-port", str(free_port()), "--no-leader-election"]
 
 
 def free_port() -> int:

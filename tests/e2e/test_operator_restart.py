@@ -13,7 +13,7 @@ import signal
 
 import pytest
 
-from tests.e2e.conftest import apply, free_port, job_manifest, job_pods, pod_names, wait_phase, wait_until
+from tests.e2e.conftest import apply, job_manifest, job_pods, operator_args, pod_names, wait_phase, wait_until
 
 pytestmark = pytest.mark.cluster
 PROCS = 64
@@ -23,8 +23,7 @@ def test_operator_killed_mid_creation_leaves_exactly_one_pod_per_proc(operator, 
     c = operator
     c.stop_operator()
     apply(c, namespace, job_manifest("big", [("hosts", 8), ("gpus", 8)], ["-m", "train"], kwok=True))
-    proc = c.start_operator("--liveness", f"http://127.0.0.1:{free_port()}/healthz",
-                            "--concurrency", "1")
+    proc = c.start_operator(*operator_args(), "--concurrency", "1")
     try:
         wait_until(lambda: len(job_pods(c, namespace, "big")) >= 8, 120,
                    "the operator started creating pods")
@@ -35,7 +34,7 @@ def test_operator_killed_mid_creation_leaves_exactly_one_pod_per_proc(operator, 
         assert at_kill < PROCS, "creation finished before the kill; the test proved nothing"
     finally:
         c.operator_process = None
-        c.start_operator("--liveness", f"http://127.0.0.1:{free_port()}/healthz")
+        c.start_operator(*operator_args())
 
     job = wait_phase(c, namespace, "big", "Running", timeout=240)
     pods = job_pods(c, namespace, "big")

@@ -1,0 +1,150 @@
+"""The operator's Prometheus metrics, served in the text format on ``/metrics``.
+
+Where it sits: beside :mod:`.kube` (which reports every API request here), below the controller
+(which reports reconcile passes, pod writes and the transitions its plans make) and the leader
+elector. Built on ``prometheus_client``; ``--metrics-port`` (default 9090, 0: off) serves it.
+
+=========================================  =========  =============================================
+metric                                     type       labels / meaning
+=========================================  =========  =============================================
+spmdjob_jobs                               gauge      namespace, phase: the jobs this replica knows
+spmdjob_jobs_created_total                 counter    jobs whose first pass ran (status written)
+spmdjob_jobs_succeeded_total               counter    jobs that succeeded
+spmdjob_jobs_failed_total                  counter    reason: InvalidSpec, PermanentFailure,
+                                                      RestartLimitExceeded, DeadlineExceeded ...
+spmdjob_gang_restarts_total                counter    cause: failure (counts against maxRestarts)
+                                                      or disruption (preemption, eviction, node loss)
+spmdjob_time_to_running_seconds            histogram  job creation -> every proc of the first
+                                                      attempt running (or done)
+spmdjob_time_to_completion_seconds         histogram  result (succeeded, failed): creation -> end
+spmdjob_reconcile_duration_seconds         histogram  one pass over one job, writes included
+spmdjob_reconcile_errors_total             counter    passes that failed (retried with back-off)
+spmdjob_api_requests_total                 counter    verb (get, list, watch, post, patch, put,
+                                                      delete), outcome (2xx, 4xx, 5xx, error)
+spmdjob_pods_created_total                 counter    pods this replica created
+spmdjob_pods_deleted_total                 counter    pods this replica deleted
+spmdjob_leader                             gauge      1 while this replica holds the Lease
+=========================================  =========  =============================================
+
+Cardinality is bounded: no label holds a job or pod name (a cluster runs thousands of jobs over
+time; per-job series would grow without end and belong to kube-state-metrics-style exporters of
+the jobs' status). Namespaces and phases, reasons, verbs and outcomes are small sets.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+#: Seconds: from a few seconds (a small CPU job) to hours (a large gang waiting for GPUs).
+SLOW_BUCKETS: Final = (1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
+PASS_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+DEFAULT_PORT: Final = 9090
+
+
+class _JobsByPhase(Collector):
+    """spmdjob_jobs, computed at scrape time from the jobs the controller knows."""
+
+    def __init__(self, jobs: Callable[[], Iterable[Mapping[str, Any]]]) -> None:
+        self.jobs = jobs
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily("spmdjob_jobs", "SPMDJobs this replica knows, by namespace and phase",
+                                   labels=["namespace", "phase"])
+        counts: dict[tuple[str, str], int] = {}
+        for body in self.jobs():
+            key = ((body.get("metadata") or {}).get("namespace", ""),
+                   (body.get("status") or {}).get("phase") or "New")
+            counts[key] = counts.get(key, 0) + 1
+        for (namespace, phase), n in sorted(counts.items()):
+            family.add_metric([namespace, phase], n)
+        yield family
+
+
+class Metrics:
+    """Every metric of the operator, in one registry of its own.
+
+    Args:
+        jobs: returns the job bodies the controller knows (for spmdjob_jobs).
+    """
+
+    def __init__(self, jobs: Callable[[], Iterable[Mapping[str, Any]]] = lambda: ()) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.created = Counter("spmdjob_jobs_created", "SPMDJobs whose first pass ran", registry=r)
+        self.succeeded = Counter("spmdjob_jobs_succeeded", "SPMDJobs that succeeded", registry=r)
+        self.failed = Counter("spmdjob_jobs_failed", "SPMDJobs that failed, by reason", ["reason"], registry=r)
+        self.restarts = Counter("spmdjob_gang_restarts", "Gang restarts, by cause (failure or disruption)",
+                                ["cause"], registry=r)
+        self.to_running = Histogram("spmdjob_time_to_running_seconds",
+                                    "Seconds from a job's creation to every proc of its first attempt running",
+                                    buckets=SLOW_BUCKETS, registry=r)
+        self.to_completion = Histogram("spmdjob_time_to_completion_seconds",
+                                       "Seconds from a job's creation to its end, by result",
+                                       ["result"], buckets=SLOW_BUCKETS, registry=r)
+        self.passes = Histogram("spmdjob_reconcile_duration_seconds", "Seconds one reconcile pass took",
+                                buckets=PASS_BUCKETS, registry=r)
+        self.errors = Counter("spmdjob_reconcile_errors", "Reconcile passes that failed", registry=r)
+        self.requests = Counter("spmdjob_api_requests", "Kubernetes API requests, by verb and outcome",
+                                ["verb", "outcome"], registry=r)
+        self.pods_created = Counter("spmdjob_pods_created", "Pods created", registry=r)
+        self.pods_deleted = Counter("spmdjob_pods_deleted", "Pods deleted", registry=r)
+        self.leader = Gauge("spmdjob_leader", "1 while this replica holds the leader Lease", registry=r)
+        r.register(_JobsByPhase(jobs))
+
+    def request(self, verb: str, outcome: str) -> None:
+        """The :class:`~.kube.Kube` observer: one API request done."""
+        self.requests.labels(verb, outcome).inc()
+
+    def transition(self, status: Mapping[str, Any], patch: Mapping[str, Any], created: str | None,
+                   now: dt.datetime) -> None:
+        """Counts what a pass's status patch changed: creation, first Running, end, restarts.
+
+        Args:
+            status: the job's status before the pass.
+            patch: the merge patch the pass wrote.
+            created: the job's metadata.creationTimestamp.
+            now: the time of the pass.
+        """
+        old, new = status.get("phase"), patch.get("phase", status.get("phase"))
+        if old is None and new is not None:
+            self.created.inc()
+        age = _age(created, now)
+        # The first attempt's procs all running, or already done (a short job may go from Pending
+        # straight to Succeeded); not after a restart or a resume.
+        first_start = (old == "Pending" and not status.get("restarts")
+                       and not any(c.get("type") == "Suspended" for c in status.get("conditions") or []))
+        if first_start and new in ("Running", "Succeeded") and age is not None:
+            self.to_running.observe(age)
+        if new != old and new in ("Succeeded", "Failed"):
+            if new == "Succeeded":
+                self.succeeded.inc()
+            else:
+                reason = next((c.get("reason") for c in patch.get("conditions") or []
+                               if c.get("type") == "Failed" and c.get("status") == "True"), None) or "Unknown"
+                self.failed.labels(reason).inc()
+            if age is not None:
+                self.to_completion.labels(new.lower()).observe(age)
+        before, after = int(status.get("restarts") or 0), patch.get("restarts")
+        if isinstance(after, int) and after > before:
+            disruption = (patch.get("failure") or {}).get("disruption")
+            self.restarts.labels("disruption" if disruption else "failure").inc(after - before)
+
+    def serve(self, port: int, address: str = "0.0.0.0") -> None:
+        """Serves /metrics on ``port`` in a thread of its own."""
+        start_http_server(port, addr=address, registry=self.registry)
+
+
+def _age(created: str | None, now: dt.datetime) -> float | None:
+    if not created:
+        return None
+    try:
+        t = dt.datetime.fromisoformat(created.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return max(0.0, (now - t).total_seconds())

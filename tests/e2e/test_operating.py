@@ -1,0 +1,206 @@
+"""End-to-end: operating the operator: its Prometheus metrics change as jobs run, and two
+replicas with leader election keep exactly one gang per job while the leader is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+
+import pytest
+from kubernetes import client
+
+from devcluster.controlplane import die_with_parent, stop_process_group
+from devcluster.localcluster import REPO_ROOT
+from spmd_operator import names
+from tests.e2e.conftest import (RESYNC_SECONDS, apply, free_port, get_job, job_manifest, job_pods, job_ref,
+                                operator_args, pod_names, wait_phase, wait_until)
+
+pytestmark = pytest.mark.cluster
+RESTART = "spmd.monarch.dev/restart"
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The metrics page as {'name{labels}': value} (waiting for a starting operator to serve it)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+                text = resp.read().decode()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def value(metrics: dict[str, float], name: str, **labels: str) -> float:
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for key, v in metrics.items():
+        metric, _, rest = key.partition("{")
+        found = ",".join(sorted(rest.rstrip("}").split(","))) if rest else ""
+        if metric == name and found == want:
+            return v
+    return 0.0
+
+
+def test_metrics_change_as_jobs_run(running_operator, namespace):
+    c = running_operator
+    args = c.operator_process.args
+    port = int(args[args.index("--metrics-port") + 1])
+    before = scrape(port)
+    apply(c, namespace, job_manifest("counted", [("procs", 2)], ["-m", "tests.programs.fail_once", "--rank", "9"]))
+    apply(c, namespace, job_manifest("broken", [("procs", 2)], ["-m", "tests.programs.fail_once", "--rank", "0",
+                                                                 "--code", "42", "--always"],
+                                     restartPolicy={"maxRestarts": 1, "permanentExitCodes": [42]}))
+    wait_phase(c, namespace, "counted", "Succeeded", timeout=180)
+    wait_phase(c, namespace, "broken", "Failed", timeout=180)
+    after = scrape(port)
+    assert value(after, "spmdjob_jobs_created_total") - value(before, "spmdjob_jobs_created_total") >= 2
+    assert value(after, "spmdjob_jobs_succeeded_total") - value(before, "spmdjob_jobs_succeeded_total") >= 1
+    assert (value(after, "spmdjob_jobs_failed_total", reason="PermanentFailure")
+            - value(before, "spmdjob_jobs_failed_total", reason="PermanentFailure")) >= 1
+    assert value(after, "spmdjob_jobs", namespace=namespace, phase="Succeeded") == 1
+    assert value(after, "spmdjob_jobs", namespace=namespace, phase="Failed") == 1
+    assert value(after, "spmdjob_time_to_completion_seconds_count", result="succeeded") > value(
+        before, "spmdjob_time_to_completion_seconds_count", result="succeeded")
+    assert value(after, "spmdjob_time_to_running_seconds_count") > value(before, "spmdjob_time_to_running_seconds_count")
+    assert value(after, "spmdjob_pods_created_total") - value(before, "spmdjob_pods_created_total") >= 4
+    assert value(after, "spmdjob_api_requests_total", verb="post", outcome="2xx") > value(
+        before, "spmdjob_api_requests_total", verb="post", outcome="2xx")
+    assert value(after, "spmdjob_reconcile_duration_seconds_count") > value(before, "spmdjob_reconcile_duration_seconds_count")
+    assert value(after, "spmdjob_leader") == 1, "a single replica without election writes, so it counts as leader"
+    assert not [k for k in after if "counted" in k or "broken" in k], "no job names in labels"
+
+
+# --- two replicas, one leader -------------------------------------------------------------------
+
+
+class Replica:
+    """One operator process with leader election on, known to the Lease by its POD_NAME."""
+
+    def __init__(self, cluster, lease_ns: str, name: str) -> None:
+        self.name, self.metrics = name, free_port()
+        env = {**cluster.env, "POD_NAME": name, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "operator"), str(REPO_ROOT)])}
+        self.log = open(cluster.state_dir / f"operator-{name}.log", "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "spmd_operator", "--all-namespaces", "--leader-election",
+             "--leader-election-namespace", lease_ns, "--metrics-port", str(self.metrics),
+             "--liveness", f"http://127.0.0.1:{free_port()}/healthz", "--resync-seconds", str(RESYNC_SECONDS)],
+            env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True, preexec_fn=die_with_parent)
+
+    def kill(self, sig=signal.SIGKILL) -> None:
+        os.killpg(self.proc.pid, sig)
+        self.proc.wait(timeout=60)
+        self.log.close()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            stop_process_group(self.proc, 10)
+        self.log.close()
+
+
+def holder(c, lease_ns: str) -> str:
+    coord = client.CoordinationV1Api(c.api_client())
+    try:
+        return coord.read_namespaced_lease("spmdjob-operator", lease_ns).spec.holder_identity or ""
+    except client.ApiException:
+        return ""
+
+
+def exactly_one_gang(c, namespace, name, procs):
+    """The newest attempt has one pod per rank and nothing else is left."""
+    job = get_job(c, namespace, name)
+    restart = job["status"].get("restarts", 0)
+    pods = job_pods(c, namespace, name)
+    mine = sorted(p.metadata.name for p in pods)
+    return job["status"].get("phase") == "Running" and mine == pod_names(job, restart, procs)
+
+
+@pytest.fixture
+def lease_namespace(cluster):
+    name = f"lease-{uuid.uuid4().hex[:8]}"
+    core = client.CoreV1Api(cluster.api_client())
+    core.create_namespace({"metadata": {"name": name}})
+    yield name
+    core.delete_namespace(name)
+
+
+def test_killing_the_leader_five_times_keeps_exactly_one_gang(operator, namespace, lease_namespace):
+    c = operator
+    c.stop_operator()  # the session's single replica would write too
+    replicas = {n: Replica(c, lease_namespace, n) for n in ("op-a", "op-b")}
+    takeovers = []
+    try:
+        first = wait_until(lambda: holder(c, lease_namespace), 60, "a leader")
+        apply(c, namespace, job_manifest("ha", [("procs", 256)], ["-m", "train"], kwok=True,
+                                         restartPolicy={"maxRestarts": 3}))
+        generation = 0
+        for round_ in range(5):
+            leader = holder(c, lease_namespace)
+            if round_ == 0:
+                # In the middle of creating 256 pods.
+                wait_until(lambda: len(job_pods(c, namespace, "ha")) >= 16, 60, "creation under way")
+            elif round_ == 2:
+                # In the middle of a gang restart: a rank fails, then the leader dies.
+                wait_until(lambda: exactly_one_gang(c, namespace, "ha", 256), 120, "the gang running")
+                job = get_job(c, namespace, "ha")
+                victim = names.pod_name(job_ref(job), job["status"]["restarts"], 7)
+                c.kubectl("delete", "pod", victim, "-n", namespace, "--wait=false", "--grace-period=0", "--force")
+                wait_until(lambda: get_job(c, namespace, "ha")["status"].get("restarts", 0) > job["status"]["restarts"],
+                           60, "the restart decided")
+                generation += 1
+            else:
+                wait_until(lambda: exactly_one_gang(c, namespace, "ha", 256), 120, "the gang running")
+            killed_at = time.monotonic()
+            replicas[leader].kill()
+            new = wait_until(lambda: (h := holder(c, lease_namespace)) not in ("", leader) and h, 30, "a new leader")
+            takeovers.append(time.monotonic() - killed_at)
+            replicas[f"{leader}-{round_}"] = Replica(c, lease_namespace, f"{leader}-{round_}")
+            assert new in replicas
+            wait_until(lambda: exactly_one_gang(c, namespace, "ha", 256), 180,
+                       f"exactly one gang of the newest attempt after kill {round_ + 1}")
+        job = get_job(c, namespace, "ha")
+        assert job["status"]["restarts"] == generation
+        print(f"takeovers after SIGKILL of the leader: {[round(t, 1) for t in takeovers]} s; first leader {first}")
+        assert max(takeovers) <= 15, takeovers
+    finally:
+        for r in replicas.values():
+            r.stop()
+        c.kubectl("delete", "spmdjob", "ha", "-n", namespace, "--wait=false")
+        c.start_operator(*operator_args())
+
+
+def test_a_leader_stopped_with_sigterm_hands_over_at_once(operator, namespace, lease_namespace):
+    c = operator
+    c.stop_operator()
+    a, b = Replica(c, lease_namespace, "calm-a"), Replica(c, lease_namespace, "calm-b")
+    try:
+        leader = wait_until(lambda: holder(c, lease_namespace), 60, "a leader")
+        standby = b if leader == a.name else a
+        stopped_at = time.monotonic()
+        (a if leader == a.name else b).kill(signal.SIGTERM)
+        wait_until(lambda: holder(c, lease_namespace) == standby.name, 15, "the standby leads")
+        took = time.monotonic() - stopped_at
+        print(f"takeover after SIGTERM: {took:.1f} s")
+        assert took < 6, "the Lease was released, not left to expire"
+        metrics = scrape(standby.metrics)
+        assert value(metrics, "spmdjob_leader") == 1
+        apply(c, namespace, job_manifest("afterwards", [("procs", 2)], ["-m", "train"], kwok=True))
+        wait_phase(c, namespace, "afterwards", "Running", timeout=60)
+    finally:
+        a.stop()
+        b.stop()
+        c.start_operator(*operator_args())
