@@ -60,7 +60,8 @@ def test_gpu_example_needs_nothing_installed_in_a_stock_image():
     doc = job_of(path)
     _, _, job = spec.load_manifest(doc, require_image=True)
     assert [(d.name, d.size) for d in job.mesh] == [("hosts", 2), ("gpus", 8)]
-    assert job.gpus_per_proc == 1 and job.colocate is True
+    assert job.gpus_per_proc == 1 and job.pod_layout == "PerHost" and job.shm_size == "16Gi"
+    assert job.template["spec"]["priorityClassName"]
     assert job.image.startswith("pytorch/pytorch:")
     pod = job.template["spec"]
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
@@ -102,3 +103,10 @@ def test_ddp_cpu_runs_locally():
     for rank in range(2):
         assert f"ddp_step rank {rank}/2:" in result.stdout
     assert result.stdout.count("grads agree True, params agree True") == 2, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(("name", "provider"), [("gang-kueue", "Kueue"), ("gang-volcano", "Volcano"),
+                                                ("gang-coscheduling", "Coscheduling")])
+def test_one_example_per_gang_scheduler(name, provider):
+    _, _, job = spec.load_manifest(job_of(ROOT / f"examples/{name}.yaml"), require_image=True)
+    assert job.scheduling_provider == provider and job.pod_layout == "PerHost"
