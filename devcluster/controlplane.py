@@ -38,16 +38,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from monarch_spmd.ports import free_port  # a free port below the ephemeral range: nothing takes it first
+
 SERVICE_CIDR: Final = "10.0.0.0/24"
 STOP_GRACE_SECONDS: Final = 10.0
 _PR_SET_PDEATHSIG: Final = 1
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 _prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up now: a preexec_fn must not load

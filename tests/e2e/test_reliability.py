@@ -11,6 +11,7 @@ must converge within one resync period of the operator (RESYNC_SECONDS here).
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -274,3 +275,35 @@ def test_deleting_the_namespace_stops_the_job_quietly(running_operator, cluster)
     new_log = [line for line in (c.state_dir / "operator.log").read_text()[log_before:].splitlines() if namespace in line]
     text = "\n".join(new_log)
     assert "403" not in text and "Forbidden" not in text and "reconcile failed" not in text, text[-3000:]
+
+
+# --- the master's name across a restart ---------------------------------------------------------
+
+
+def test_a_new_attempt_never_reaches_an_old_attempts_rank_zero(running_operator, namespace):
+    c = running_operator
+    apply(c, namespace, job_manifest("reroute", [("procs", 3)], ["-m", "tests.programs.master_probe", "--sleep", "20"],
+                                     restartPolicy={"maxRestarts": 1}))
+
+    def first_master_ip():
+        return next((p.status.pod_ip for p in job_pods(c, namespace, "reroute")
+                     if p.metadata.labels[RESTART] == "0" and p.metadata.labels["spmd.monarch.dev/rank"] == "0"
+                     and p.status.pod_ip), None)
+
+    old_master_ip = wait_until(first_master_ip, 120, "attempt 0's rank 0 running")
+    job = wait_phase(c, namespace, "reroute", "Succeeded", timeout=240)
+    ref = job_ref(job)
+    seen = {}
+    for pod in job_pods(c, namespace, "reroute"):
+        for line in c.pod_log(namespace, pod.metadata.name).splitlines():
+            if line.startswith("MASTER "):
+                record = json.loads(line[len("MASTER "):])
+                seen[(record["restart"], record["rank"])] = record
+    second = {r: v for (a, r), v in seen.items() if a == 1}
+    assert set(second) == {0, 1, 2}, seen
+    for rank, record in second.items():
+        assert record["MASTER_ADDR"] == names.master_addr(ref, 1) != names.master_addr(ref, 0)
+        assert record["master_ip"] == second[0]["POD_IP"] != old_master_ip, record
+    core = client.CoreV1Api(c.api_client())
+    services = [s.metadata.name for s in core.list_namespaced_service(namespace).items]
+    assert names.service_name(ref, 0) not in services, "the old attempt's name no longer resolves"

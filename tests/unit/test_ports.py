@@ -17,13 +17,29 @@ def test_port_is_free_and_below_the_ephemeral_range():
             s.bind(("127.0.0.1", port))  # still free: binding succeeds
 
 
-def test_a_port_in_use_is_never_returned():
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen()
-        taken = held.getsockname()[1]
-        assert all(ports.free_port("127.0.0.1") != taken for _ in range(50))
-        assert not ports._binds("127.0.0.1", taken)
+def test_a_port_in_use_is_never_returned(monkeypatch):
+    # A candidate range of 100 ports with 99 of them held: every pick must be the one left.
+    base = 21000
+    monkeypatch.setattr(ports, "LOWEST", base)
+    monkeypatch.setattr(ports, "ephemeral_range", lambda: (base + 100, 60999))
+    held = []
+    try:
+        for port in range(base, base + 100):
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
+            held.append(s)
+        free = held.pop()
+        left = free.getsockname()[1]
+        free.close()
+        picks = {ports.free_port("127.0.0.1", tries=2000) for _ in range(5)}
+    finally:
+        for s in held:
+            s.close()
+    assert picks == {left}
 
 
 def test_ipv6_loopback_gets_a_port_too():
