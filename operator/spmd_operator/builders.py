@@ -1,24 +1,30 @@
-"""Pure functions that build an SPMDJob's children as plain dicts: Service, ConfigMap and Pods.
+"""Pure functions that build an SPMDJob's children as plain dicts: Service, ConfigMap, Pods,
+PodGroups and the Kueue Workload.
 
 Where it sits: above :mod:`spmd_operator.names` and the library (:mod:`monarch_spmd.spec` for the
-parsed spec, :mod:`monarch_spmd.worker` for the worker's input variables), below
-:mod:`spmd_operator.handlers`, which sends what these functions return to the API server. Nothing
-here talks to Kubernetes, so every child can be unit-tested as a dict; nothing is rendered from
-YAML text.
+parsed spec, :mod:`monarch_spmd.policy` for the shared rules, the payload's worker for its input
+variables), below :mod:`spmd_operator.controller`, which sends what these functions return to the
+API server. Nothing here talks to Kubernetes, so every child can be unit-tested as a dict;
+nothing is rendered from YAML text.
 
 What a pod gets (docs/interfaces.md is the contract):
 
-* command ``[spec.python, /opt/monarch-spmd/monarch_spmd/payload/worker.py, --, *spec.args]``: the worker,
-  shipped in the ``<job>-worker`` ConfigMap and mounted read-only, so a stock PyTorch image works;
-* the MONARCH_SPMD_* inputs of :func:`monarch_spmd.worker.worker_input_env` plus POD_NAME,
+* command ``[spec.python, /opt/monarch-spmd/payload/worker.py, --, *spec.args]``: the worker,
+  shipped in the ``<job>-<id>-worker`` ConfigMap and mounted read-only, so a stock PyTorch image
+  works;
+* the MONARCH_SPMD_* inputs of :func:`monarch_spmd.payload.worker.worker_input_env` plus POD_NAME,
   POD_NAMESPACE, POD_IP and NODE_NAME from the downward API; a variable the user's ``trainer``
-  container sets keeps the user's value (the spec parser lets users set only the harmless ones);
-* labels job, rank, restart and one ``coord-<dim>`` per mesh dimension; the owner reference of
-  the job (controller), so deleting the job deletes the pod;
-* GPUs: ``gpusPerProc`` >= 1 sets the ``nvidia.com/gpu`` limit and MONARCH_SPMD_LOCAL_RANK_SCOPE=pod,
-  so LOCAL_RANK=0 and LOCAL_WORLD_SIZE=1 in every pod (each pod is one torchrun node, as with
-  ``torchrun --nproc-per-node=1``) and ``torch.cuda.set_device(LOCAL_RANK)`` picks the pod's own
-  GPU. A GPU limit set only in the template gets the same scope.
+  container sets keeps the user's value (the spec lets users set only the harmless ones);
+* labels job, job-uid, (first) rank, restart and one ``coord-<dim>`` per coordinate; the owner
+  reference of the job (controller), so deleting the job deletes the pod;
+* a memory-backed ``/dev/shm`` (``spec.shmSize`` its limit) unless the template mounts one;
+* GPUs: ``gpusPerProc`` >= 1 sets the ``nvidia.com/gpu`` limit (times the host's procs in the
+  PerHost layout). In the PerProc layout each such pod is its own torchrun node
+  (MONARCH_SPMD_LOCAL_RANK_SCOPE=pod: LOCAL_RANK=0, LOCAL_WORLD_SIZE=1, as with
+  ``torchrun --nproc-per-node=1``), so ``torch.cuda.set_device(LOCAL_RANK)`` picks the pod's own
+  GPU; a GPU limit set only in the template gets the same scope. In PerHost, LOCAL_RANK is the
+  proc's index in its pod;
+* for a gang scheduler, its schedulerName and the label or annotation of the attempt's PodGroup.
 """
 
 from __future__ import annotations
