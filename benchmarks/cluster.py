@@ -15,6 +15,20 @@ Controllers are started fresh for each trial as child processes, each with its o
   the Secret is created empty, the rotator fills it, and its files are copied to the rotator's
   certificate folder, which is what the volume mount would have done. No webhook configuration
   entry points at it, so the API server never calls it.
+- ``JobSetOperator``: JobSet's controller manager (built by build-jobset.sh) WITH its webhooks, as
+  it is deployed: the JobSet defaulting and validation webhooks and the pod webhooks (which, as in
+  JobSet's kustomize patches, only see pods labelled ``jobset.sigs.k8s.io/jobset-name``). There is
+  no kube-proxy here, so the API server cannot reach a webhook behind a Service ClusterIP: the
+  manager serves its webhooks on 127.0.0.1 with a certificate of a CA made for it, and the webhook
+  configurations say ``url: https://127.0.0.1:<port>/...`` with that CA as caBundle (what
+  devcluster/kueue.py does for Kueue). JobSet's own certificate management is off (it signs for
+  the Service's DNS name). A JobSet's pods are created by the Job controller of
+  kube-controller-manager, so that controller is part of the JobSet actor: in the benchmark's own
+  cluster the control plane's controller-manager runs without it (``--controllers=*,-job``) and
+  each JobSet trial starts a second kube-controller-manager running only the Job controller
+  (same binary, default flags) as its own identity, so its requests and memory are counted with
+  JobSet's. On a cluster given by ``--kubeconfig`` the Job controller is the cluster's and only
+  the JobSet manager's requests and memory can be counted (``job_controller_counted: false``).
 """
 
 from __future__ import annotations
@@ -42,6 +56,11 @@ PYTORCHJOB_BUILD = REPO / "benchmarks" / "build-pytorchjob.sh"
 # Hard-coded in training-operator v1.9.3 (pkg/cert): where it reads its serving certificate.
 PYTORCHJOB_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
 PYTORCHJOB_NAMESPACE = "kubeflow"
+JOBSET_BUILD = REPO / "benchmarks" / "build-jobset.sh"
+JOBSET_NAMESPACE = "jobset-system"
+JOBSET_WEBHOOK_PREFIX = "spmd-bench-jobset-"
+#: Pods per kwok node (devcluster's default); the benchmarks add nodes for larger jobs.
+KWOK_PODS_PER_NODE = 1000
 
 
 @dataclass
@@ -52,6 +71,10 @@ class Cluster:
     admin: kube.Kube
     identities: dict[str, kube.Identity] = field(default_factory=dict)
     crds: set[str] = field(default_factory=set)
+    #: The control plane when this benchmark started it (None for a cluster given by kubeconfig).
+    control_plane: object | None = None
+    #: Whether the control plane's controller-manager runs without its Job controller (JobSet).
+    job_controller_split: bool = False
 
     def identity(self, name: str) -> kube.Identity:
         if name not in self.identities:
@@ -84,6 +107,20 @@ class Cluster:
             time.sleep(0.2)
         raise TimeoutError(f"CRD {name} not established")
 
+    def split_job_controller(self) -> bool:
+        """Runs the control plane's controller-manager without its Job controller (once), so a
+        JobSet trial can run the Job controller as a process of its own; False when this is not
+        the benchmark's own cluster."""
+        cp = self.control_plane
+        if cp is None:
+            return False
+        if not self.job_controller_split:
+            name = "kube-controller-manager"
+            cp.args[name] = [a for a in cp.args[name] if not a.startswith("--controllers=")] + ["--controllers=*,-job"]
+            cp.restart(name)
+            self.job_controller_split = True
+        return True
+
 
 def pod_placement() -> dict:
     """PodSpec fields that put a pod on a kwok node (and only there)."""
@@ -93,10 +130,12 @@ def pod_placement() -> dict:
 @contextlib.contextmanager
 def bench_cluster(kubeconfig: str | os.PathLike | None = None, kwok_nodes: int = 4,
                   state_dir: str | os.PathLike | None = None,
-                  bin_dir: str | os.PathLike | None = None) -> Iterator[Cluster]:
+                  bin_dir: str | os.PathLike | None = None,
+                  kwok_pods: int = KWOK_PODS_PER_NODE) -> Iterator[Cluster]:
     """A cluster with kwok nodes: the one `kubeconfig` names (e.g. the `cluster` test fixture's,
     or one from `python -m devcluster up`), or, without one, the test cluster's control plane
-    and kwok nodes started here (no process node: nothing here runs a real container)."""
+    and `kwok_nodes` kwok nodes of `kwok_pods` pods each started here (no process node: nothing
+    here runs a real container)."""
     state = Path(state_dir or tempfile.mkdtemp(prefix="spmd-bench-"))
     state.mkdir(parents=True, exist_ok=True)
     if kubeconfig:
@@ -113,11 +152,11 @@ def bench_cluster(kubeconfig: str | os.PathLike | None = None, kwok_nodes: int =
     cp.start()
     nodes = None
     try:
-        # Room for the largest job of every actor at once: 1024 pods of a PyTorchJob may still be
-        # leaving while the next job arrives.
-        nodes = KwokNodes(bin_dir, cp.kubeconfig, state / "kwok", count=kwok_nodes, pods=1000)
+        # Room for the largest job (the callers size it: every trial's namespace is gone before
+        # the next starts, but a gang restart with TerminatingOrFailed holds two gangs at once).
+        nodes = KwokNodes(bin_dir, cp.kubeconfig, state / "kwok", count=kwok_nodes, pods=kwok_pods)
         nodes.start()
-        yield Cluster(cp.kubeconfig, bin_dir, state, kube.Kube(cp.kubeconfig))
+        yield Cluster(cp.kubeconfig, bin_dir, state, kube.Kube(cp.kubeconfig), control_plane=cp)
     finally:
         if nodes is not None:
             nodes.stop()
@@ -167,8 +206,8 @@ class Controller:
         deadline = t0 + timeout
         self.started(deadline)
         # Ready when its start-up requests (lists, watches, CRD checks) have died down.
-        kube.wait_quiet(self.cluster.admin, self.ident, quiet=2.0, limit=max(5.0, deadline - time.monotonic()),
-                        min_requests=1)
+        kube.wait_quiet(self.cluster.admin, self.identities(), quiet=2.0,
+                        limit=max(5.0, deadline - time.monotonic()), min_requests=1)
         self.check_alive()
         self.ready_s = time.monotonic() - t0
 
@@ -176,6 +215,10 @@ class Controller:
         if self.proc is not None and self.proc.poll() is not None:
             tail = self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
             raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{tail}")
+
+    def identities(self) -> list[kube.Identity]:
+        """Every identity whose requests count as this controller's."""
+        return [self.ident]
 
     def peak_rss_mib(self) -> float | None:
         return kube.vm_hwm_mib(self.proc.pid) if self.proc else None
@@ -199,8 +242,23 @@ class SpmdOperator(Controller):
         from devcluster.controlplane import free_port
 
         # Its own health port: the default (0.0.0.0:8080) may be taken on a shared machine.
+        # One replica, measured alone: no leader election where the operator has it.
         return [PY, "-m", "spmd_operator", "--all-namespaces",
-                f"--liveness=http://127.0.0.1:{free_port()}/healthz"], env
+                f"--liveness=http://127.0.0.1:{free_port()}/healthz", *spmd_operator_extra_flags(env)], env
+
+
+_SPMD_FLAGS: list[str] | None = None
+
+
+def spmd_operator_extra_flags(env: dict[str, str]) -> list[str]:
+    """Flags this version of the operator has that keep the measurement to one quiet replica:
+    ``--no-leader-election`` and, where there is one, a metrics endpoint turned off."""
+    global _SPMD_FLAGS
+    if _SPMD_FLAGS is None:
+        help_text = subprocess.run([PY, "-m", "spmd_operator", "--help"], cwd=REPO, env=env,
+                                   capture_output=True, text=True, timeout=60).stdout
+        _SPMD_FLAGS = [f for f in ("--no-leader-election",) if f in help_text]
+    return list(_SPMD_FLAGS)
 
 
 class PyTorchJobOperator(Controller):
@@ -252,3 +310,194 @@ class PyTorchJobOperator(Controller):
                 pass
             time.sleep(0.25)
         raise TimeoutError(f"{self.name} not ready; see {self.log}")
+
+
+def ensure_jobset() -> Path:
+    """JobSet's cache folder, building it first if needed (cached, versioned)."""
+    out = subprocess.run(["bash", str(JOBSET_BUILD)], check=True, stdout=subprocess.PIPE,
+                         text=True).stdout.strip().splitlines()
+    return Path(out[-1])
+
+
+def _self_signed_ca(folder: Path) -> tuple[Path, Path]:
+    """ca.crt and ca.key in `folder`: a CA made for one webhook server."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "spmd-bench-webhook-ca")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=30))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                         content_commitment=False, key_encipherment=False,
+                                         data_encipherment=False, key_agreement=False,
+                                         encipher_only=False, decipher_only=False), critical=True)
+            .sign(key, hashes.SHA256()))
+    folder.mkdir(parents=True, exist_ok=True)
+    crt, pem = folder / "ca.crt", folder / "ca.key"
+    crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                      serialization.NoEncryption()))
+    return crt, pem
+
+
+def jobset_webhooks(manifests: str, patches: str, port: int, ca_bundle: bytes) -> list[dict]:
+    """JobSet's webhook configurations as its kustomization installs them (the pod webhooks get
+    their objectSelector from the patches), pointed at 127.0.0.1:port with `ca_bundle`."""
+    import base64
+    import copy
+
+    import yaml
+
+    replaced = {}
+    for doc in yaml.safe_load_all(patches):
+        for op in doc or []:
+            if op.get("op") == "replace":
+                replaced[op["value"]["name"]] = op["value"]
+    out = []
+    for doc in yaml.safe_load_all(manifests):
+        if not doc:
+            continue
+        hooks = []
+        for hook in doc.get("webhooks", []):
+            hook = copy.deepcopy(replaced.get(hook["name"], hook))
+            path = hook["clientConfig"]["service"]["path"]
+            hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}",
+                                    "caBundle": base64.b64encode(ca_bundle).decode()}
+            hooks.append(hook)
+        kind = doc["kind"]
+        out.append({"apiVersion": doc["apiVersion"], "kind": kind,
+                    "metadata": {"name": JOBSET_WEBHOOK_PREFIX + ("mutating" if kind.startswith("Mutating") else "validating")},
+                    "webhooks": hooks})
+    return out
+
+
+class JobSetOperator(Controller):
+    """JobSet's controller manager with its webhooks, plus the Job controller that makes the pods
+    (see the module docstring)."""
+
+    name = "jobset-controller"
+    identity_name = "jobset-controller"
+
+    def __init__(self, cluster: Cluster, log_dir: Path) -> None:
+        super().__init__(cluster, log_dir)
+        self.job_ident: kube.Identity | None = None
+        self.job_proc: subprocess.Popen | None = None
+        self.webhooks: list[dict] = []
+
+    def identities(self) -> list[kube.Identity]:
+        return [self.ident] + ([self.job_ident] if self.job_ident else [])
+
+    @property
+    def job_controller_counted(self) -> bool:
+        return self.job_ident is not None
+
+    def prepare(self) -> None:
+        self.home = ensure_jobset()
+        self.cluster.apply_crd(self.home / "crds" / "jobset.x-k8s.io_jobsets.yaml", "jobsets.jobset.x-k8s.io")
+        self.cluster.admin.create("/api/v1/namespaces", {"metadata": {"name": JOBSET_NAMESPACE}}, exist_ok=True)
+        self._remove_webhooks()  # a previous run's, pointing at a dead port
+        if self.cluster.split_job_controller():
+            self.job_ident = self.cluster.identity("job-controller")
+
+    def command(self):
+        import json
+
+        from devcluster.controlplane import free_port
+        from devcluster.kueue import serving_certificate
+
+        state = self.log_dir / "jobset"
+        ca_crt, ca_key = _self_signed_ca(state / "ca")
+        cert_dir = state / "certs"
+
+        class _CA:  # what serving_certificate reads
+            pass
+
+        ca = _CA()
+        ca.ca_crt, ca.ca_key = ca_crt, ca_key
+        serving_certificate(ca, cert_dir)
+        self.ca_bundle = ca_crt.read_bytes()
+        self.webhook_port, self.probe_port = free_port(), free_port()
+        cfg = state / "config.yaml"
+        cfg.write_text(json.dumps({
+            "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
+            "kind": "Configuration",
+            "leaderElection": {"leaderElect": False},
+            "internalCertManagement": {"enable": False},
+            "webhook": {"port": self.webhook_port, "host": "127.0.0.1", "certDir": str(cert_dir)},
+            "metrics": {"bindAddress": "0"},
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{self.probe_port}"},
+        }))
+        env = dict(os.environ, KUBECONFIG=str(self.ident.kubeconfig), POD_NAMESPACE=JOBSET_NAMESPACE)
+        return [str(self.home / "bin" / "jobset-manager"), f"--config={cfg}", "--zap-log-level=2"], env
+
+    def started(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            self.check_alive()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.probe_port}/readyz", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            time.sleep(0.25)
+        else:
+            raise TimeoutError(f"{self.name} not ready; see {self.log}")
+        self._install_webhooks()
+        if self.job_ident is not None:
+            self._start_job_controller()
+
+    def _install_webhooks(self) -> None:
+        kinds = {"MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
+                 "ValidatingWebhookConfiguration": "validatingwebhookconfigurations"}
+        self.webhooks = jobset_webhooks((self.home / "webhooks.yaml").read_text(),
+                                        (self.home / "webhook-patches.yaml").read_text(),
+                                        self.webhook_port, self.ca_bundle)
+        for conf in self.webhooks:
+            self.cluster.admin.create(f"/apis/admissionregistration.k8s.io/v1/{kinds[conf['kind']]}", conf)
+
+    def _remove_webhooks(self) -> None:
+        for plural, suffix in (("mutatingwebhookconfigurations", "mutating"),
+                               ("validatingwebhookconfigurations", "validating")):
+            self.cluster.admin.delete(f"/apis/admissionregistration.k8s.io/v1/{plural}/{JOBSET_WEBHOOK_PREFIX}{suffix}")
+        self.webhooks = []
+
+    def _start_job_controller(self) -> None:
+        """kube-controller-manager with only the Job controller, as its own identity."""
+        from devcluster.controlplane import free_port
+
+        assert self.job_ident is not None and self.cluster.bin_dir is not None
+        kc = str(self.job_ident.kubeconfig)
+        with open(self.log_dir / "job-controller.log", "ab") as log:
+            self.job_proc = subprocess.Popen(
+                [str(self.cluster.bin_dir / "kube-controller-manager"), f"--kubeconfig={kc}",
+                 f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
+                 "--controllers=job", "--leader-elect=false", "--bind-address=127.0.0.1",
+                 f"--secure-port={free_port()}", "--profiling=false"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def check_alive(self) -> None:
+        super().check_alive()
+        if self.job_proc is not None and self.job_proc.poll() is not None:
+            raise RuntimeError(f"the Job controller exited with {self.job_proc.returncode}; "
+                               f"see {self.log_dir / 'job-controller.log'}")
+
+    def job_controller_rss_mib(self) -> float | None:
+        return kube.vm_hwm_mib(self.job_proc.pid) if self.job_proc else None
+
+    def stop(self) -> None:
+        # Webhooks first: with failurePolicy Fail, a dead webhook would refuse JobSet pods.
+        try:
+            self._remove_webhooks()
+        finally:
+            if self.job_proc is not None:
+                stop_process_group(self.job_proc)
+                self.job_proc = None
+            super().stop()

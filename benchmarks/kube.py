@@ -22,7 +22,7 @@ import ssl
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -195,14 +195,17 @@ def dispatched_by_flow_schema(admin: Kube) -> dict[str, float]:
     return out
 
 
-def requests_of(admin: Kube, ident: Identity) -> int:
-    return int(dispatched_by_flow_schema(admin).get(ident.flow_schema, 0))
+def requests_of(admin: Kube, ident: Identity | Sequence[Identity]) -> int:
+    """Requests dispatched so far for an identity (or the sum over several)."""
+    idents = [ident] if isinstance(ident, Identity) else list(ident)
+    counts = dispatched_by_flow_schema(admin)
+    return int(sum(counts.get(i.flow_schema, 0) for i in idents))
 
 
-def wait_quiet(admin: Kube, ident: Identity, quiet: float = 2.0, limit: float = 30.0,
+def wait_quiet(admin: Kube, ident: Identity | Sequence[Identity], quiet: float = 2.0, limit: float = 30.0,
                min_requests: int = 0) -> int:
-    """Wait until the identity's request counter has not moved for `quiet` seconds (at most
-    `limit` seconds); returns the counter."""
+    """Wait until the identity's (or identities') request counter has not moved for `quiet`
+    seconds (at most `limit` seconds); returns the counter."""
     deadline = time.monotonic() + limit
     last = requests_of(admin, ident)
     since = time.monotonic()
@@ -220,9 +223,10 @@ class Watcher(threading.Thread):
     """Lists then watches a collection; calls `on_event(obj, t)` for each object state seen."""
 
     def __init__(self, kube: Kube, path: str, on_event: Callable[[dict, float], None],
-                 query: dict | None = None) -> None:
+                 query: dict | None = None, on_deleted: Callable[[dict, float], None] | None = None) -> None:
         super().__init__(daemon=True)
         self.kube, self.path, self.on_event, self.query = kube, path, on_event, query
+        self.on_deleted = on_deleted
         self._stopping = threading.Event()
         self.ready = threading.Event()
         self.error: BaseException | None = None
@@ -250,6 +254,8 @@ class Watcher(threading.Thread):
                         rv = obj["metadata"].get("resourceVersion", rv)
                         if ev["type"] != "DELETED":
                             self.on_event(obj, t)
+                        elif self.on_deleted is not None:
+                            self.on_deleted(obj, t)
                         if self._stopping.is_set():
                             break
                     if gone:
@@ -260,7 +266,7 @@ class Watcher(threading.Thread):
 
 
 class PodTimes:
-    """First-seen, first-Running and first-Failed times of pods, thread safe."""
+    """First-seen, first-Running, first-Failed and deletion times of pods, thread safe."""
 
     def __init__(self) -> None:
         self.changed = threading.Condition()
@@ -270,6 +276,12 @@ class PodTimes:
         self.phase: dict[str, str] = {}
         self.uids: dict[str, str] = {}
         self.labels: dict[str, dict[str, str]] = {}
+        self.deleted: dict[str, float] = {}
+
+    def on_deleted(self, pod: dict, t: float) -> None:
+        with self.changed:
+            self.deleted.setdefault(pod["metadata"]["name"], t)
+            self.changed.notify_all()
 
     def on_event(self, pod: dict, t: float) -> None:
         name = pod["metadata"]["name"]

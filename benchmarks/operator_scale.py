@@ -1,18 +1,23 @@
 """Operator scale: an N-proc job on kwok nodes, SPMDJob against Kubeflow's PyTorchJob and the floor.
 
-    python -m benchmarks.operator_scale [--sizes 8 64 256 1024] [--actors floor spmdjob pytorchjob]
-        [--kubeconfig PATH] [--trial-timeout 900]
+    python -m benchmarks.operator_scale [--sizes 1024 4096]
+        [--actors floor spmdjob pytorchjob jobset] [--kubeconfig PATH] [--trial-timeout 1800]
 
 For each N, in one run on one cluster, interleaved (the order of actors rotates with N):
 
 - ``floor``: the same N pods created directly by a parallel client (32 threads, no operator);
 - ``spmdjob``: an SPMDJob with a one-dimensional mesh of N procs, this project's operator;
-- ``pytorchjob``: a PyTorchJob with 1 Master and N-1 Workers, Kubeflow training-operator v1.9.3.
+- ``pytorchjob``: a PyTorchJob with 1 Master and N-1 Workers, Kubeflow training-operator v1.9.3;
+- ``jobset``: a JobSet (v0.12.0) as its users write one for torch: one replicated Job of N pods
+  (parallelism = completions = N, Indexed), a headless Service (``network.enableDNSHostnames``),
+  MASTER_ADDR the index-0 pod's hostname. Its pods are made by the Job controller, which counts as
+  part of this actor (see ``benchmarks.cluster.JobSetOperator``); its job Running is the
+  JobSet's ``replicatedJobsStatus[].ready`` reaching 1 (the Job has N ready pods).
 
 Each trial runs in a fresh namespace with a freshly started controller. Measured, from the moment
 just before the job (or the first floor pod) is submitted: seconds until all N pods exist, until all
 N pods are Running (kwok makes a bound pod Running), and until the job's own status says Running
-(SPMDJob ``status.phase``; PyTorchJob condition ``Running``); the number of API requests the
+(SPMDJob ``status.phase``; PyTorchJob condition ``Running``; JobSet: its Job ready); the number of API requests the
 controller made for the job, counted at the API server (APF's dispatched-requests counter for the
 controller's own FlowSchema, from submission until its requests stop for 2 s); the controller's
 peak resident memory (VmHWM). Ratios are to the floor (for the job-status phase, to the floor's
@@ -34,23 +39,26 @@ import traceback
 from pathlib import Path
 
 from benchmarks import kube
-from benchmarks.cluster import (Cluster, PyTorchJobOperator, SpmdOperator, bench_cluster,
-                                pod_placement)
+from benchmarks.cluster import (KWOK_PODS_PER_NODE, Cluster, JobSetOperator, PyTorchJobOperator,
+                                SpmdOperator, bench_cluster, pod_placement)
 from benchmarks.common import PY, REPO, machine, machine_line, python_env, table, write_json
 
-ACTORS = ("floor", "spmdjob", "pytorchjob")
+ACTORS = ("floor", "spmdjob", "pytorchjob", "jobset")
 IMAGE = "python:3.11-slim"  # never pulled: kwok runs no containers
 JOB = "scale"
 FLOOR_THREADS = 32
 CUSTOM = {
     "spmdjob": ("spmd.monarch.dev", "v1alpha1", "spmdjobs"),
     "pytorchjob": ("kubeflow.org", "v1", "pytorchjobs"),
+    "jobset": ("jobset.x-k8s.io", "v1alpha2", "jobsets"),
 }
 POD_SELECTOR = {
     "spmdjob": f"spmd.monarch.dev/job={JOB}",
     "pytorchjob": f"training.kubeflow.org/job-name={JOB}",
     "floor": f"spmd-bench/job={JOB}",
+    "jobset": f"jobset.sigs.k8s.io/jobset-name={JOB}",
 }
+JOBSET_REPLICATED_JOB = "workers"
 
 
 def spmdjob(ns: str, n: int, max_restarts: int = 3) -> dict:
@@ -91,6 +99,45 @@ def pytorchjob(ns: str, n: int) -> dict:
     }
 
 
+def jobset(ns: str, n: int) -> dict:
+    """One replicated Job of N indexed pods behind a headless Service, as JobSet's torch examples
+    write it (rank from the completion index, MASTER_ADDR the index-0 pod's DNS name)."""
+    index = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": JOB, "namespace": ns},
+        "spec": {
+            "network": {"enableDNSHostnames": True},
+            "failurePolicy": {"maxRestarts": 3},
+            "replicatedJobs": [{
+                "name": JOBSET_REPLICATED_JOB,
+                "replicas": 1,
+                "template": {"spec": {
+                    "parallelism": n,
+                    "completions": n,
+                    "completionMode": "Indexed",
+                    "backoffLimit": 0,
+                    "template": {"spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{
+                            "name": "trainer", "image": IMAGE,
+                            "command": ["python", "-m", "benchmarks.first_allreduce", "--out", "/tmp/out"],
+                            "env": [
+                                {"name": "MASTER_ADDR", "value": f"{JOB}-{JOBSET_REPLICATED_JOB}-0-0.{JOB}"},
+                                {"name": "MASTER_PORT", "value": "29500"},
+                                {"name": "WORLD_SIZE", "value": str(n)},
+                                {"name": "RANK", "valueFrom": {"fieldRef": {"fieldPath": index}}},
+                            ],
+                        }],
+                        **pod_placement(),
+                    }},
+                }},
+            }],
+        },
+    }
+
+
 def floor_pod(ns: str, i: int) -> dict:
     return {
         "apiVersion": "v1",
@@ -113,7 +160,13 @@ def job_running(actor: str, obj: dict) -> bool:
     if actor == "pytorchjob":
         return any(c.get("type") == "Running" and c.get("status") == "True"
                    for c in status.get("conditions") or [])
+    if actor == "jobset":
+        return any(r.get("name") == JOBSET_REPLICATED_JOB and int(r.get("ready") or 0) >= 1
+                   for r in status.get("replicatedJobsStatus") or [])
     return False
+
+
+BODIES = {"spmdjob": spmdjob, "pytorchjob": pytorchjob, "jobset": jobset}
 
 
 class JobTimes:
@@ -135,6 +188,8 @@ def controller_for(actor: str, cluster: Cluster, log_dir: Path):
         return SpmdOperator(cluster, log_dir)
     if actor == "pytorchjob":
         return PyTorchJobOperator(cluster, log_dir)
+    if actor == "jobset":
+        return JobSetOperator(cluster, log_dir)
     return None
 
 
@@ -171,7 +226,7 @@ def trial(cluster: Cluster, actor: str, n: int, timeout: float, log_dir: Path, r
     floor = profiler = None
     admin.create("/api/v1/namespaces", {"metadata": {"name": ns}})
     ctl = controller_for(actor, cluster, log_dir / ns)
-    ident = ctl.ident if ctl else cluster.identity("floor")
+    idents = ctl.identities() if ctl else [cluster.identity("floor")]
     watchers: list[kube.Watcher] = []
     try:
         if ctl:
@@ -190,14 +245,15 @@ def trial(cluster: Cluster, actor: str, n: int, timeout: float, log_dir: Path, r
             w.ready.wait(30)
             if w.error:
                 raise w.error
-        before = kube.requests_of(admin, ident)
+        idents = ctl.identities() if ctl else idents  # JobSet's Job controller joins in start()
+        before = kube.requests_of(admin, idents)
 
         t0 = time.time()
         deadline = time.monotonic() + timeout
         floor = None
         if actor == "floor":
             floor = subprocess.Popen(
-                [PY, "-m", "benchmarks.floor_client", "--kubeconfig", str(ident.kubeconfig),
+                [PY, "-m", "benchmarks.floor_client", "--kubeconfig", str(idents[0].kubeconfig),
                  "--namespace", ns, "--count", str(n), "--threads", str(FLOOR_THREADS)],
                 cwd=REPO, env=python_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             if floor.stdout.readline().strip() != "ready":
@@ -212,7 +268,7 @@ def trial(cluster: Cluster, actor: str, n: int, timeout: float, log_dir: Path, r
             floor.stdin.flush()
         else:
             g, v, p = CUSTOM[actor]
-            body = spmdjob(ns, n) if actor == "spmdjob" else pytorchjob(ns, n)
+            body = BODIES[actor](ns, n)
             cluster.admin.create(f"/apis/{g}/{v}/namespaces/{ns}/{p}", body)
             rec["submit_s"] = time.time() - t0
 
@@ -239,10 +295,13 @@ def trial(cluster: Cluster, actor: str, n: int, timeout: float, log_dir: Path, r
             rec["pods_seen"] = len(pods.created)
             rec["pods_running"] = len(pods.running)
         # Count the controller's requests for this job: until they stop for 2 s.
-        after = kube.wait_quiet(admin, ident, quiet=2.0, limit=60.0)
+        after = kube.wait_quiet(admin, idents, quiet=2.0, limit=60.0)
         rec["api_requests"] = after - before
         if ctl:
             rec["peak_rss_mib"] = ctl.peak_rss_mib()
+        if isinstance(ctl, JobSetOperator):
+            rec["job_controller_counted"] = ctl.job_controller_counted
+            rec["job_controller_rss_mib"] = ctl.job_controller_rss_mib()
         if profiler is not None:
             rec["profile"] = stop_profiler(profiler)
             profiler = None
@@ -270,7 +329,7 @@ def trial(cluster: Cluster, actor: str, n: int, timeout: float, log_dir: Path, r
     return rec
 
 
-METRICS = ("created_s", "running_s", "phase_running_s", "api_requests", "peak_rss_mib")
+METRICS = ("created_s", "running_s", "phase_running_s", "api_requests", "peak_rss_mib", "job_controller_rss_mib")
 
 
 def _median(xs):
@@ -290,6 +349,8 @@ def summarize(runs: list[dict], sizes: list[int], actors: list[str]) -> list[dic
             for k in METRICS:
                 row[k] = _median([r.get(k) for r in good])
             row["errors"] = [r.get("error") for r in mine if not r["ok"]]
+            if a == "jobset":
+                row["job_controller_counted"] = all(r.get("job_controller_counted") for r in good) if good else None
             med[(a, n)] = row
     rows = []
     for n in sizes:
@@ -313,6 +374,15 @@ def _x(v):
     return None if v is None else f"{v:.2f}x"
 
 
+def rss_cell(r: dict) -> str | None:
+    """Peak RSS; for JobSet the manager's plus the Job controller's (when it ran apart)."""
+    if r.get("peak_rss_mib") is None:
+        return None
+    if r.get("job_controller_rss_mib") is not None:
+        return f"{r['peak_rss_mib']:.0f} + {r['job_controller_rss_mib']:.0f}"
+    return f"{r['peak_rss_mib']:.0f}"
+
+
 def render(result: dict) -> str:
     m = result["machine"]
     head = (
@@ -331,20 +401,29 @@ def render(result: dict) -> str:
             cell("phase_running_s", "phase_running_vs_floor"),
             None if r.get("api_requests") is None else (
                 f"{r['api_requests']:g}" + (f" ({_x(r['requests_vs_floor'])})" if r["actor"] != "floor" and r.get("requests_vs_floor") else "")),
-            None if r.get("peak_rss_mib") is None else f"{r['peak_rss_mib']:.0f}",
+            rss_cell(r),
             f"{r['ok_reps']}/{r['reps']}",
         ])
+    notes = []
+    if any(r["actor"] == "jobset" for r in result["results"]):
+        if any(r["actor"] == "jobset" and r.get("job_controller_counted") is False for r in result["results"]):
+            notes.append("jobset: the JobSet manager alone (the cluster's own Job controller made the pods, "
+                         "uncounted)")
+        else:
+            notes.append("jobset: requests of the JobSet manager and the Job controller together; "
+                         "RSS manager + Job controller")
     return head + table(["N", "actor", "all created s", "all Running s", "job Running s",
-                         "API requests", "peak RSS MiB", "ok"], rows)
+                         "API requests", "peak RSS MiB", "ok"], rows) + "".join(f"\n{x}" for x in notes)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", type=int, nargs="+", default=[8, 64, 256, 1024])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096])
     ap.add_argument("--actors", nargs="+", choices=ACTORS, default=list(ACTORS))
     ap.add_argument("--kubeconfig", help="use this cluster (with kwok nodes) instead of starting one")
-    ap.add_argument("--kwok-nodes", type=int, default=4)
-    ap.add_argument("--trial-timeout", type=float, default=900.0, help="seconds per job")
+    ap.add_argument("--kwok-nodes", type=int, default=None,
+                    help=f"kwok nodes of {KWOK_PODS_PER_NODE} pods each (default: room for the largest N, at least 4)")
+    ap.add_argument("--trial-timeout", type=float, default=1800.0, help="seconds per job")
     ap.add_argument("--state-dir", help="where the cluster and controller logs go (default: a temp dir)")
     ap.add_argument("--reps", type=int, default=3, help="jobs per (actor, N); medians are reported")
     ap.add_argument("--profile", metavar="DIR",
@@ -356,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
 
     runs: list[dict] = []
     t_start = time.monotonic()
+    if args.kwok_nodes is None:
+        args.kwok_nodes = max(4, -(-max(args.sizes) // KWOK_PODS_PER_NODE) + 1)
     with bench_cluster(args.kubeconfig, args.kwok_nodes, args.state_dir) as cluster:
         print(f"  cluster ready ({cluster.kubeconfig}); state in {cluster.state_dir}", file=sys.stderr, flush=True)
         step = 0
@@ -378,7 +459,9 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python", "-m", "benchmarks.operator_scale", *(argv if argv is not None else sys.argv[1:])]),
         "machine": machine(),
         "params": {"sizes": args.sizes, "actors": args.actors, "reps": args.reps, "trial_timeout_s": args.trial_timeout,
-                   "floor_threads": FLOOR_THREADS, "kwok_nodes": args.kwok_nodes, "pytorchjob_version": "v1.9.3"},
+                   "floor_threads": FLOOR_THREADS, "kwok_nodes": args.kwok_nodes,
+                   "kwok_pods_per_node": KWOK_PODS_PER_NODE, "pytorchjob_version": "v1.9.3",
+                   "jobset_version": "v0.12.0"},
         "elapsed_s": time.monotonic() - t_start,
         "state_dir": state,
         "results": summarize(runs, args.sizes, args.actors),
