@@ -1,13 +1,17 @@
 """Gang restart latency: one rank fails, how long until every rank runs again.
 
-    python -m benchmarks.gang_restart [--procs 64] [--reps 3] [--kubeconfig PATH]
+    python -m benchmarks.gang_restart [--procs 1024] [--reps 3]
+        [--policies Failed TerminatingOrFailed] [--kubeconfig PATH]
 
-An SPMDJob of N procs runs on kwok nodes. Each repetition marks one rank's pod Failed with exit
-code 1 through the pod status subresource, as a kubelet reports a crashed container, and measures
-from just before that write until: the job's status first says Restarting, every pod of the next
-attempt exists, every pod of the next attempt is Running, and the job's status says Running again.
-The failed rank is different each time. The median over repetitions is reported; JSON goes to
-``benchmarks/out/gang_restart.json``.
+An SPMDJob of N procs runs on kwok nodes, one job per ``restartPolicy.podReplacementPolicy``
+(``Failed``, the default: the next attempt's pods are created once every pod of the failed one is
+gone; ``TerminatingOrFailed``: at once), each in its own namespace with a fresh operator. Each
+repetition marks one rank's pod Failed with exit code 1 through the pod status subresource, as a
+kubelet reports a crashed container, and measures from just before that write until: the job's
+status first says Restarting, the last pod of the failed attempt is gone (its DELETED event), every
+pod of the next attempt exists, every pod of the next attempt is Running, and the job's status
+says Running again. The failed rank is different each time. Medians over repetitions are
+reported per policy; JSON goes to ``benchmarks/out/gang_restart.json``.
 """
 
 from __future__ import annotations
@@ -21,12 +25,13 @@ import time
 import traceback
 
 from benchmarks import kube
-from benchmarks.cluster import SpmdOperator, bench_cluster
+from benchmarks.cluster import KWOK_PODS_PER_NODE, SpmdOperator, bench_cluster
 from benchmarks.common import machine, machine_line, table, write_json
 from benchmarks.operator_scale import CUSTOM, IMAGE, POD_SELECTOR, spmdjob
 
 LABEL_RANK = "spmd.monarch.dev/rank"
 LABEL_RESTART = "spmd.monarch.dev/restart"
+POLICIES = ("Failed", "TerminatingOrFailed")
 
 
 class JobStatus:
@@ -68,12 +73,12 @@ def fail_pod(client: kube.Kube, ns: str, name: str, code: int = 1) -> None:
     }})
 
 
-def run(cluster, n: int, reps: int, timeout: float, log_dir) -> dict:
+def run(cluster, n: int, reps: int, timeout: float, log_dir, policy: str = "Failed") -> dict:
     admin = cluster.admin
     ns = f"bench-restart-{n}-{secrets.token_hex(3)}"
     admin.create("/api/v1/namespaces", {"metadata": {"name": ns}})
     ctl = SpmdOperator(cluster, log_dir / ns)
-    out: dict = {"namespace": ns, "procs": n, "reps": []}
+    out: dict = {"namespace": ns, "procs": n, "policy": policy, "reps": []}
     watchers = []
     try:
         ctl.start()
@@ -81,13 +86,16 @@ def run(cluster, n: int, reps: int, timeout: float, log_dir) -> dict:
         js = JobStatus(pods)
         g, v, p = CUSTOM["spmdjob"]
         watchers = [
-            kube.Watcher(admin, f"/api/v1/namespaces/{ns}/pods", pods.on_event, {"labelSelector": POD_SELECTOR["spmdjob"]}),
+            kube.Watcher(admin, f"/api/v1/namespaces/{ns}/pods", pods.on_event, {"labelSelector": POD_SELECTOR["spmdjob"]},
+                         on_deleted=pods.on_deleted),
             kube.Watcher(admin, f"/apis/{g}/{v}/namespaces/{ns}/{p}", js.on_event),
         ]
         for w in watchers:
             w.start()
             w.ready.wait(30)
-        admin.create(f"/apis/{g}/{v}/namespaces/{ns}/{p}", spmdjob(ns, n, max_restarts=reps + 2))
+        body = spmdjob(ns, n, max_restarts=reps + 2)
+        body["spec"]["restartPolicy"]["podReplacementPolicy"] = policy
+        admin.create(f"/apis/{g}/{v}/namespaces/{ns}/{p}", body)
 
         def all_running(attempt: int) -> bool:
             names = attempt_pods(pods, attempt)
@@ -105,10 +113,14 @@ def run(cluster, n: int, reps: int, timeout: float, log_dir) -> dict:
             nxt = attempt + 1
             deadline = time.monotonic() + timeout
             ok = pods.wait(lambda: all_running(nxt), deadline)
+            old = attempt_pods(pods, attempt)
+            pods.wait(lambda: all(x in pods.deleted for x in old), time.monotonic() + 10.0)
             with pods.changed:
                 names = attempt_pods(pods, nxt)
                 rec = {
                     "rep": rep, "rank": rank, "pod": victim, "ok": ok,
+                    "old_gone_s": (max(pods.deleted[x] for x in old) - t0) if all(x in pods.deleted for x in old) else None,
+                    "first_created_s": (min(pods.created[x] for x in names) - t0) if names else None,
                     "restarting_s": (js.seen.get(("Restarting", nxt)) or js.seen.get(("Restarting", attempt)) or t0) - t0
                     if (("Restarting", nxt) in js.seen or ("Restarting", attempt) in js.seen) else None,
                     "all_created_s": (max(pods.created[x] for x in names) - t0) if len(names) >= n else None,
@@ -142,52 +154,87 @@ def summarize(out: dict) -> dict:
         return statistics.median(xs) if xs else None
 
     return {
-        "procs": out["procs"], "reps": len(out["reps"]), "ok": len(ok),
-        "median_restarting_s": med("restarting_s"), "median_all_created_s": med("all_created_s"),
+        "procs": out["procs"], "policy": out.get("policy", "Failed"), "reps": len(out["reps"]), "ok": len(ok),
+        "median_restarting_s": med("restarting_s"), "median_old_gone_s": med("old_gone_s"),
+        "median_first_created_s": med("first_created_s"), "median_all_created_s": med("all_created_s"),
         "median_all_running_s": med("all_running_s"), "median_phase_running_s": med("phase_running_s"),
         "min_all_running_s": min((r["all_running_s"] for r in ok), default=None),
         "max_all_running_s": max((r["all_running_s"] for r in ok), default=None),
     }
 
 
+def _runs(result: dict) -> list[dict]:
+    """Each policy's run (older results hold one run, of the Failed policy)."""
+    runs = result["runs"]
+    return runs if isinstance(runs, list) else [runs]
+
+
+def _summaries(result: dict) -> list[dict]:
+    s = result["summary"]
+    return s if isinstance(s, list) else [s]
+
+
 def render(result: dict) -> str:
-    m, s = result["machine"], result["summary"]
-    head = (f"Gang restart on kwok nodes: N = {s['procs']}, one rank's pod marked Failed (exit 1) -> "
+    m = result["machine"]
+    sums = _summaries(result)
+    n = sums[0]["procs"] if sums else "?"
+    head = (f"Gang restart on kwok nodes: N = {n}, one rank's pod marked Failed (exit 1) -> "
             f"the whole next attempt Running; seconds\n{machine_line(m)}\n")
-    rows = [[r["rep"] + 1, r["rank"], r["restarting_s"], r["all_created_s"], r["all_running_s"], r["phase_running_s"]]
-            for r in result["runs"]["reps"]]
-    rows.append(["median", "", s["median_restarting_s"], s["median_all_created_s"], s["median_all_running_s"],
-                 s["median_phase_running_s"]])
-    return head + table(["rep", "failed rank", "job Restarting s", "all new pods created s",
-                         "all new pods Running s", "job Running s"], rows)
+    rows = []
+    for run, s in zip(_runs(result), sums):
+        policy = s.get("policy", "Failed")
+        for r in run["reps"]:
+            rows.append([policy, r["rep"] + 1, r["rank"], r["restarting_s"], r.get("old_gone_s"),
+                         r.get("first_created_s"), r["all_created_s"], r["all_running_s"], r["phase_running_s"]])
+        rows.append([policy, "median", "", s["median_restarting_s"], s.get("median_old_gone_s"),
+                     s.get("median_first_created_s"), s["median_all_created_s"], s["median_all_running_s"],
+                     s["median_phase_running_s"]])
+    out = head + table(["podReplacementPolicy", "rep", "failed rank", "job Restarting s", "old gang gone s",
+                        "first new pod s", "all new pods created s", "all new pods Running s", "job Running s"], rows)
+    by = {s.get("policy", "Failed"): s for s in sums}
+    a, b = by.get("Failed"), by.get("TerminatingOrFailed")
+    if a and b and a.get("median_all_running_s") and b.get("median_all_running_s"):
+        out += (f"\nthe wait for the old gang (Failed vs TerminatingOrFailed, medians): "
+                f"{a['median_all_running_s'] - b['median_all_running_s']:+.2f} s to all Running, "
+                f"{a['median_phase_running_s'] - b['median_phase_running_s']:+.2f} s to job Running")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--procs", type=int, default=64)
+    ap.add_argument("--procs", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES),
+                    help="spec.restartPolicy.podReplacementPolicy values, one job each")
     ap.add_argument("--kubeconfig")
-    ap.add_argument("--kwok-nodes", type=int, default=2)
+    ap.add_argument("--kwok-nodes", type=int, default=None,
+                    help=f"kwok nodes of {KWOK_PODS_PER_NODE} pods (default: room for two gangs, at least 2)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per attempt")
     ap.add_argument("--state-dir")
     ap.add_argument("--json", help="output path (default benchmarks/out/gang_restart.json)")
     args = ap.parse_args(argv)
+    if args.kwok_nodes is None:
+        args.kwok_nodes = max(2, -(-2 * args.procs // KWOK_PODS_PER_NODE) + 1)
+    outs = []
     with bench_cluster(args.kubeconfig, args.kwok_nodes, args.state_dir) as cluster:
-        out = run(cluster, args.procs, args.reps, args.timeout, cluster.state_dir / "logs")
+        for policy in args.policies:
+            outs.append(run(cluster, args.procs, args.reps, args.timeout, cluster.state_dir / "logs", policy))
     result = {
         "benchmark": "gang_restart",
         "command": " ".join(["python", "-m", "benchmarks.gang_restart", *(argv if argv is not None else sys.argv[1:])]),
         "machine": machine(),
-        "params": {"procs": args.procs, "reps": args.reps, "timeout_s": args.timeout},
-        "summary": summarize(out),
-        "runs": out,
+        "params": {"procs": args.procs, "reps": args.reps, "policies": args.policies, "timeout_s": args.timeout,
+                   "kwok_nodes": args.kwok_nodes},
+        "summary": [summarize(o) for o in outs],
+        "runs": outs,
     }
     path = write_json("gang_restart", result, args.json)
     print(render(result))
-    if out.get("error"):
-        print(f"\nERROR: {out['error']}")
+    for o in outs:
+        if o.get("error"):
+            print(f"\nERROR ({o['policy']}): {o['error']}")
     print(f"\nJSON: {path}")
-    return 0 if not out.get("error") and result["summary"]["ok"] == args.reps else 1
+    return 0 if all(not o.get("error") and summarize(o)["ok"] == args.reps for o in outs) else 1
 
 
 if __name__ == "__main__":
