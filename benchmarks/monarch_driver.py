@@ -1,7 +1,7 @@
 """The launch benchmark's Monarch launcher: one driver process that spawns a local proc mesh,
 sets up SPMDActor on it and runs ``benchmarks.first_allreduce`` through ``SPMDActor.main``.
 
-    python -m benchmarks.monarch_driver --procs 4 --impl project --out DIR
+    python -m benchmarks.monarch_driver --procs 4 --impl project --out DIR [--preinit S]
 
 ``--impl project`` uses this project's ``monarch_spmd.actor.SPMDActor``; ``--impl upstream`` uses
 the original ``monarch.spmd.SPMDActor`` shipped in torchmonarch. Both follow the same steps a user
@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--procs", type=int, required=True)
     parser.add_argument("--impl", choices=["project", "upstream"], default="project")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--preinit", type=float, default=0.0, help="passed to the workload")
     args = parser.parse_args(argv)
 
     from monarch.actor import this_host
@@ -33,7 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     actors = procs.spawn("_SPMDActor", SPMDActor)
     first = dict.fromkeys(procs._labels, 0)
     addr, port = actors.slice(**first).get_host_port.call_one(None).get()
-    actors.main.call(addr, port, ["-m", "benchmarks.first_allreduce", "--out", args.out]).get()
+    script = ["-m", "benchmarks.first_allreduce", "--out", args.out]
+    if args.preinit:
+        script += ["--preinit", f"{args.preinit:g}"]
+    actors.main.call(addr, port, script).get()
     sys.stdout.flush()
     # Tear the mesh down without waiting on graceful actor shutdown: the measurement is over.
     try:
