@@ -50,6 +50,12 @@ MONARCH_SPMD_KUEUE_DIR="$(bash devcluster/build-kueue.sh | tail -n 1)"
 export MONARCH_SPMD_KUEUE_DIR
 echo "test.sh: Kueue in $MONARCH_SPMD_KUEUE_DIR ($(( $(date +%s) - start ))s)"
 
+# JobSet's controller, CRD and webhooks (the operator-scale benchmark's third peer, smoke-run in
+# tests/bench), from the Go module proxy (build-jobset.sh, about 4 minutes cold), cached per machine.
+start=$(date +%s)
+bash benchmarks/build-jobset.sh >/dev/null
+echo "test.sh: JobSet ready ($(( $(date +%s) - start ))s)"
+
 set +e
 "$PY" -m pytest -p no:cacheprovider "$@"
 rc=$?
