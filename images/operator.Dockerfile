@@ -11,15 +11,17 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# Pinned inside pyproject's `operator` extra (kopf, kubernetes_asyncio, pyyaml); the synchronous
-# kubernetes client is for the chart's `helm test` pod, which runs this image.
-RUN pip install kopf==1.45.2 kubernetes_asyncio==36.1.0 kubernetes==37.0.2 pyyaml==6.0.3
+# Pinned inside pyproject's `operator` extra; the synchronous kubernetes client is for the chart's
+# `helm test` pod, which runs this image.
+RUN pip install kopf==1.45.2 kubernetes_asyncio==36.1.0 prometheus_client==0.26.0 pyyaml==6.0.3 \
+    kubernetes==37.0.2
 
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY monarch_spmd ./monarch_spmd
 COPY operator ./operator
-RUN pip install --no-deps . && rm -rf /src
+# With the `operator` extra: a dependency added there and not pinned above still gets installed.
+RUN pip install ".[operator]" && rm -rf /src
 
 RUN groupadd --gid 65532 nonroot && useradd --uid 65532 --gid 65532 --no-create-home --shell /usr/sbin/nologin nonroot
 USER 65532:65532
