@@ -251,14 +251,22 @@ _SPMD_FLAGS: list[str] | None = None
 
 
 def spmd_operator_extra_flags(env: dict[str, str]) -> list[str]:
-    """Flags this version of the operator has that keep the measurement to one quiet replica:
-    ``--no-leader-election`` and, where there is one, a metrics endpoint turned off."""
+    """Flags this version of the operator has that keep the measurement to one replica
+    (``--no-leader-election``) and off ports others may hold (``--metrics-port``: a free one)."""
     global _SPMD_FLAGS
     if _SPMD_FLAGS is None:
         help_text = subprocess.run([PY, "-m", "spmd_operator", "--help"], cwd=REPO, env=env,
                                    capture_output=True, text=True, timeout=60).stdout
         _SPMD_FLAGS = [f for f in ("--no-leader-election",) if f in help_text]
-    return list(_SPMD_FLAGS)
+        if "--metrics-port" in help_text:
+            _SPMD_FLAGS.append("--metrics-port")  # a port of its own, below
+    flags = [f for f in _SPMD_FLAGS if f != "--metrics-port"]
+    if "--metrics-port" in _SPMD_FLAGS:
+        from devcluster.controlplane import free_port
+
+        # Metrics stay on (the default), on a free port: the default one may be taken here.
+        flags.append(f"--metrics-port={free_port()}")
+    return flags
 
 
 class PyTorchJobOperator(Controller):
