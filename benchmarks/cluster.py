@@ -243,8 +243,27 @@ class SpmdOperator(Controller):
 
         # Its own health port: the default (0.0.0.0:8080) may be taken on a shared machine.
         # One replica, measured alone: no leader election where the operator has it.
+        flags = spmd_operator_extra_flags(env)
+        self.metrics_port = next((int(f.split("=", 1)[1]) for f in flags if f.startswith("--metrics-port=")), None)
         return [PY, "-m", "spmd_operator", "--all-namespaces",
-                f"--liveness=http://127.0.0.1:{free_port()}/healthz", *spmd_operator_extra_flags(env)], env
+                f"--liveness=http://127.0.0.1:{free_port()}/healthz", *flags], env
+
+    def scrape(self) -> dict[str, float]:
+        """The operator's own counters (requests by verb and outcome, reconcile passes), or {}."""
+        if not getattr(self, "metrics_port", None):
+            return {}
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            return {}
+        out = {}
+        for line in text.splitlines():
+            if line.startswith(("spmdjob_api_requests_total", "spmdjob_reconcile_duration_seconds_count",
+                                "spmdjob_reconcile_duration_seconds_sum", "spmdjob_pods_created_total")):
+                key, _, value = line.rpartition(" ")
+                out[key] = float(value)
+        return out
 
 
 _SPMD_FLAGS: list[str] | None = None

@@ -247,6 +247,7 @@ def trial(cluster: Cluster, actor: str, n: int, timeout: float, log_dir: Path, r
                 raise w.error
         idents = ctl.identities() if ctl else idents  # JobSet's Job controller joins in start()
         before = kube.requests_of(admin, idents)
+        own_before = ctl.scrape() if hasattr(ctl, "scrape") else {}
 
         t0 = time.time()
         deadline = time.monotonic() + timeout
@@ -297,6 +298,10 @@ def trial(cluster: Cluster, actor: str, n: int, timeout: float, log_dir: Path, r
         # Count the controller's requests for this job: until they stop for 2 s.
         after = kube.wait_quiet(admin, idents, quiet=2.0, limit=60.0)
         rec["api_requests"] = after - before
+        if hasattr(ctl, "scrape"):  # the operator's own count, by verb: where the requests went
+            own = ctl.scrape()
+            rec["operator_metrics"] = {k: v - own_before.get(k, 0.0) for k, v in own.items()
+                                       if v - own_before.get(k, 0.0)}
         if ctl:
             rec["peak_rss_mib"] = ctl.peak_rss_mib()
         if isinstance(ctl, JobSetOperator):
