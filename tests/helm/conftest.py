@@ -1,5 +1,6 @@
 """Fixtures for the Helm chart tests: the real helm binary (built once per machine by
-devcluster/build-binaries.sh, like the test cluster's other binaries) and a renderer."""
+devcluster/build-binaries.sh, like the test cluster's other binaries), a renderer, and for the
+tests on the test cluster the chart's CRD applied."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from helm_support import CHART, KUBE_VERSION
+from helm_support import CHART, CRD_NAME, KUBE_VERSION, wait_established
 from devcluster.binaries import ensure_binaries
 
 
@@ -46,3 +47,11 @@ def render(helm) -> Callable[..., Rendered]:
         return [d for d in yaml.safe_load_all(result.stdout) if d]
 
     return run
+
+
+@pytest.fixture
+def crd(cluster) -> str:
+    """The chart's CRD applied (as `helm install` would on a fresh cluster) and Established."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
+    wait_established(cluster, f"crd/{CRD_NAME}")
+    return CRD_NAME

@@ -1,6 +1,8 @@
 """The Helm chart with the real helm binary, no cluster: lint, rendering with default, GPU and
-namespaced values, the exact RBAC, the operator's security context and probes, values.schema.json
-refusing bad values, and the CRD copy matching its single source."""
+namespaced values, the exact RBAC (per scope and per gang scheduler), the operator's security
+context and probes, metrics (Service, optional ServiceMonitor), leader election and the
+PodDisruptionBudget, values.schema.json refusing bad values, and the CRD copy matching its single
+source."""
 
 from __future__ import annotations
 
@@ -10,20 +12,10 @@ import subprocess
 import pytest
 import yaml
 
-from helm_support import CHART, KUBE_VERSION, ROOT, by_kind, is_test_hook, one, rendered_test_job
+from helm_support import (CHART, CRD_RULE, GANG_CLUSTER_RULES, GANG_RULES, KUBE_VERSION, LEADER_ARGS,
+                          NAMESPACE_GET_RULE, NAMESPACED_RULES, NAMESPACES_RULE, ROOT, by_kind, is_test_hook, one,
+                          rendered_test_job)
 
-# What operator/README.md ("What it needs from the API") lists, and nothing more.
-NAMESPACED_RULES = [
-    {"apiGroups": ["spmd.monarch.dev"], "resources": ["spmdjobs"], "verbs": ["get", "list", "watch", "delete"]},
-    {"apiGroups": ["spmd.monarch.dev"], "resources": ["spmdjobs/status"], "verbs": ["patch"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
-    {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch", "create", "delete"]},
-    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "patch"]},
-    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
-]
-CRD_RULE = {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]}
-NAMESPACE_GET_RULE = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]}
-NAMESPACES_RULE = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}
 DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -57,6 +49,9 @@ def test_default_render_objects(render):
         ("ClusterRole", "spmd-monarch-spmd"),
         ("ClusterRoleBinding", "spmd-monarch-spmd"),
         ("Deployment", "spmd-monarch-spmd"),
+        ("Role", "spmd-monarch-spmd-leader-election"),
+        ("RoleBinding", "spmd-monarch-spmd-leader-election"),
+        ("Service", "spmd-monarch-spmd-metrics"),
         ("ServiceAccount", "spmd-monarch-spmd"),
     ]
     tests = sorted((o["kind"], o["metadata"]["name"], is_test_hook(o)) for o in objects if component(o) == "test")
@@ -68,7 +63,7 @@ def test_default_render_objects(render):
         ("ServiceAccount", "spmd-monarch-spmd-test", False),
     ]
     # No leftovers of the `helm create` skeleton.
-    assert not {o["kind"] for o in objects} & {"Ingress", "HorizontalPodAutoscaler", "Service"}
+    assert not {o["kind"] for o in objects} & {"Ingress", "HorizontalPodAutoscaler", "PodDisruptionBudget"}
     for obj in objects:
         labels = obj["metadata"]["labels"]
         assert labels["app.kubernetes.io/instance"] == "spmd"
@@ -85,37 +80,44 @@ def test_cluster_wide_rbac_is_exactly_what_the_operator_uses(render):
     binding = one(objects, "ClusterRoleBinding")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "spmd-monarch-spmd"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "spmd-monarch-spmd", "namespace": "ops"}]
-    assert not [o for o in by_kind(objects, "Role") if component(o) != "test"]
+    # The only other Role is the Lease's, in the release namespace.
+    assert [r["metadata"]["name"] for r in by_kind(objects, "Role") if component(r) != "test"] == ["spmd-monarch-spmd-leader-election"]
 
 
 def test_every_rbac_rule_says_who_needs_it():
     text = (CHART / "templates/rbac.yaml").read_text()
     lines = text.splitlines()
     rule_starts = [i for i, line in enumerate(lines) if line.lstrip().startswith("- apiGroups:")]
-    assert len(rule_starts) == len(NAMESPACED_RULES) + 3
+    gang = sum(len(r) for r in GANG_RULES.values()) + sum(len(r) for r in GANG_CLUSTER_RULES.values())
+    assert len(rule_starts) == len(NAMESPACED_RULES) + 3 + gang + 1  # + CRDs, namespaces x2; + the Lease
+    first_line = r"\s*# (app|framework|leader)( \(gangScheduling\.[a-z]+\))?: \S"
     for i in rule_starts:
         j = i - 1
-        while j > 0 and lines[j - 1].lstrip().startswith("#") and not re.match(r"\s*# (app|framework): ", lines[j]):
+        while j > 0 and lines[j - 1].lstrip().startswith("#") and not re.match(first_line, lines[j]):
             j -= 1  # a comment may run over several lines; its first line names who needs the rule
-        assert re.match(r"\s*# (app|framework): \S", lines[j]), f"rbac.yaml line {i + 1} has no comment above"
+        assert re.match(first_line, lines[j]), f"rbac.yaml line {i + 1} has no comment above"
 
 
 def test_namespaced_mode(render):
     objects = render("--set", "watchNamespaces={team-a,team-b}")
     _, container = operator_container(objects)
     assert container["command"] == ["python", "-m", "spmd_operator"]
-    assert container["args"] == ["--namespace=team-a", "--namespace=team-b", "--liveness=http://0.0.0.0:8080/healthz"]
+    assert container["args"] == ["--namespace=team-a", "--namespace=team-b", "--liveness=http://0.0.0.0:8080/healthz", *LEADER_ARGS]
     cluster_role = one(objects, "ClusterRole")
     assert cluster_role["rules"] == [CRD_RULE, NAMESPACE_GET_RULE, NAMESPACES_RULE]
-    roles = [o for o in by_kind(objects, "Role") if component(o) != "test"]
+    roles = [o for o in by_kind(objects, "Role") if component(o) != "test" and not is_lease(o)]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
         assert role["rules"] == NAMESPACED_RULES
-    bindings = [o for o in by_kind(objects, "RoleBinding") if component(o) != "test"]
+    bindings = [o for o in by_kind(objects, "RoleBinding") if component(o) != "test" and not is_lease(o)]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for binding in bindings:
         assert binding["roleRef"]["kind"] == "Role"
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "spmd-monarch-spmd", "namespace": "ops"}]
+
+
+def is_lease(obj) -> bool:
+    return obj["metadata"]["name"].endswith("-leader-election")
 
 
 def test_rbac_and_service_account_can_be_brought_by_the_user(render):
@@ -128,9 +130,14 @@ def test_rbac_and_service_account_can_be_brought_by_the_user(render):
 def test_operator_deployment_defaults(render):
     deployment, container = operator_container(render())
     spec = deployment["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    # One leader-elected replica; a rollout surges the new pod beside the old leader.
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     assert container["command"] == ["python", "-m", "spmd_operator"]
-    assert container["args"] == ["--all-namespaces", "--liveness=http://0.0.0.0:8080/healthz"]
+    assert container["args"] == ["--all-namespaces", "--liveness=http://0.0.0.0:8080/healthz", *LEADER_ARGS]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # the Lease holder
+    assert "affinity" not in spec["template"]["spec"]
     assert container["image"] == "monarch-spmd/operator:0.1.0"
     assert container["imagePullPolicy"] == "IfNotPresent"
     pod = spec["template"]["spec"]
@@ -159,10 +166,13 @@ def test_operator_security_context(render):
 
 def test_operator_probes_hit_kopf_health_endpoint(render):
     _, container = operator_container(render())
-    assert container["ports"] == [{"name": "health", "containerPort": 8080, "protocol": "TCP"}]
-    _, moved = operator_container(render("--set", "healthPort=9090"))
-    assert moved["args"][-1] == "--liveness=http://0.0.0.0:9090/healthz"
-    assert moved["ports"][0]["containerPort"] == 9090
+    assert container["ports"] == [
+        {"name": "health", "containerPort": 8080, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 9090, "protocol": "TCP"},
+    ]
+    _, moved = operator_container(render("--set", "healthPort=9091"))
+    assert moved["args"][1] == "--liveness=http://0.0.0.0:9091/healthz"
+    assert moved["ports"][0]["containerPort"] == 9091
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
         assert container[probe]["periodSeconds"] >= 1
@@ -243,10 +253,15 @@ def test_gpu_values(render):
 
 @pytest.mark.parametrize("release", ["x" * 53, "9lives", "a-release-name-that-is-rather-long-for-a-cluster"])
 def test_names_stay_valid_for_long_and_odd_release_names(render, release):
-    objects = render(release=release)
+    objects = render("--set", "replicaCount=2", "--set", "metrics.serviceMonitor.enabled=true", release=release)
+    assert {"Service", "ServiceMonitor", "PodDisruptionBudget", "Role"} <= {o["kind"] for o in objects}
     for obj in objects:
         name = obj["metadata"]["name"]
         assert len(name) <= 63 and DNS_1123_LABEL.match(name), name
+        if obj["kind"] == "Service":
+            assert DNS_1035_LABEL.match(name), name  # a Service name starts with a letter
+    names = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objects]
+    assert len(names) == len(set(names)), "two objects share a kind, namespace and name"
     job_name = rendered_test_job(objects, uid="f" * 36)["metadata"]["name"]
     assert len(job_name) <= 50 and DNS_1035_LABEL.match(job_name), job_name
     for obj in objects:
@@ -258,7 +273,25 @@ def test_names_stay_valid_for_long_and_odd_release_names(render, release):
     "args, message",
     [
         (["--set", "replicaCount=-1"], "/replicaCount"),
-        (["--set", "replicaCount=2"], "/replicaCount"),
+        (["--set", "replicaCount=4"], "/replicaCount"),
+        (["--set", "replicaCount=1.5"], "/replicaCount"),
+        (["--set", "metrics.port=80"], "/metrics/port"),
+        (["--set", "metrics.port=70000"], "/metrics/port"),
+        (["--set", "metrics.serviceMonitor.enabled=yes"], "/metrics/serviceMonitor/enabled"),
+        (["--set", "metrics.serviceMonitor.interval=half-a-minute"], "/metrics/serviceMonitor/interval"),
+        (["--set", "metrics.serviceMonitor.scrapeTimeout=10"], "/metrics/serviceMonitor/scrapeTimeout"),
+        (["--set", "metrics.serviceMonitor.labels.bad key=x"], "/metrics/serviceMonitor/labels"),
+        (["--set", "metrics.scrapeEverything=true"], "additional properties 'scrapeEverything' not allowed"),
+        (["--set", "leaderElection.enabled=sometimes"], "/leaderElection/enabled"),
+        (["--set", "leaderElection.leaseName=Not_A_Name"], "/leaderElection/leaseName"),
+        (["--set", "leaderElection.leaseDurationSeconds=1"], "/leaderElection/leaseDurationSeconds"),
+        (["--set", "leaderElection.renewDeadlineSeconds=0"], "/leaderElection/renewDeadlineSeconds"),
+        (["--set", "leaderElection.retryPeriodSeconds=0.5"], "/leaderElection/retryPeriodSeconds"),
+        (["--set", "gangScheduling.kueue.enabled=on"], "/gangScheduling/kueue/enabled"),
+        (["--set", "gangScheduling.slurm.enabled=true"], "additional properties 'slurm' not allowed"),
+        (["--set", "extraArgs={--metrics-port=1}"], "/extraArgs/0"),
+        (["--set", "extraArgs={--no-leader-election}"], "/extraArgs/0"),
+        (["--set", "extraArgs={--lease-name=x}"], "/extraArgs/0"),
         (["--set", "image.pullPolicy=Sometimes"], "/image/pullPolicy"),
         (["--set", "image.repository=Not A Repo"], "/image/repository"),
         (["--set", "watchNamespaces={Team_A}"], "/watchNamespaces/0"),
@@ -307,9 +340,19 @@ def test_schema_requires_and_constrains():
 
     schema = json.loads((CHART / "values.schema.json").read_text())
     assert schema["additionalProperties"] is False
-    assert {"replicaCount", "image", "serviceAccount", "rbac", "tests"} <= set(schema["required"])
+    assert {"replicaCount", "image", "serviceAccount", "rbac", "tests", "metrics", "leaderElection",
+            "gangScheduling"} <= set(schema["required"])
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert set(values) <= set(schema["properties"])
+
+    def check(value, node, path):  # every key of values.yaml is described by the schema, all the way down
+        node = schema["definitions"][node["$ref"].rsplit("/", 1)[1]] if "$ref" in node else node
+        if isinstance(value, dict) and "properties" in node:
+            for key, sub in value.items():
+                assert key in node["properties"], f"{path}.{key} is not in values.schema.json"
+                check(sub, node["properties"][key], f"{path}.{key}")
+
+    check(values, schema, "")
 
 
 def test_chart_metadata():

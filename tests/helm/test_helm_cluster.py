@@ -1,6 +1,7 @@
 """The Helm chart against the real test cluster (the session fixture `cluster`, a
 devcluster.localcluster.LocalCluster): every rendered object accepted by the API server
-(server-side dry run), then `helm install` with the operator running as a pod of the process node,
+(server-side dry run; the optional ServiceMonitor against the Prometheus operator's own CRD), then
+`helm install` with the operator running as a pod of the process node and holding its Lease,
 `helm test` running the smoke SPMDJob to Succeeded, an example applied with kubectl and its logs
 read back with `monarch-spmd logs`.
 
@@ -15,31 +16,15 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
 
-from helm_support import CHART, KUBE_VERSION, ROOT, by_kind, is_test_hook, rendered_test_job
+from helm_support import (CHART, KUBE_VERSION, ROOT, by_kind, helm_cmd, is_test_hook, leader_args, rendered_test_job,
+                          wait_established, wait_for_lease_holder)
 
 pytestmark = pytest.mark.cluster
-
-CRD_NAME = "spmdjobs.spmd.monarch.dev"
-
-
-def helm_cmd(cluster, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(cluster.bin_dir / "helm"), "--kubeconfig", str(cluster.kubeconfig), *args],
-        env=cluster.env, capture_output=True, text=True, timeout=timeout, check=False,
-    )
-
-
-@pytest.fixture
-def crd(cluster):
-    """The chart's CRD applied (as `helm install` would on a fresh cluster) and Established."""
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
-    return CRD_NAME
-
 
 def rendered(cluster, namespace: str, *args: str) -> list[dict]:
     result = helm_cmd(cluster, "template", "spmd", str(CHART), "-n", namespace, "--kube-version", KUBE_VERSION, *args)
@@ -47,15 +32,40 @@ def rendered(cluster, namespace: str, *args: str) -> list[dict]:
     return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
+SERVICE_MONITOR_CRD = Path(__file__).parent / "data" / "monitoring.coreos.com_servicemonitors.yaml"
+#: Every optional object at once: PodDisruptionBudget, anti-affinity, ServiceMonitor, gang RBAC.
+EVERYTHING = ["--set", "replicaCount=2", "--set", "metrics.serviceMonitor.enabled=true",
+              "--set", "metrics.serviceMonitor.labels.release=prometheus",
+              "--set", "gangScheduling.kueue.enabled=true", "--set", "gangScheduling.volcano.enabled=true",
+              "--set", "gangScheduling.coscheduling.enabled=true"]
+
+
+@pytest.fixture
+def service_monitor_crd(cluster):
+    """The Prometheus operator's ServiceMonitor CRD, for one test; removed after it, so that the
+    other tests see a cluster without it (the chart must install there by default)."""
+    cluster.kubectl("apply", "--server-side", "-f", str(SERVICE_MONITOR_CRD))
+    wait_established(cluster, "-f", str(SERVICE_MONITOR_CRD))
+    yield
+    cluster.kubectl("delete", "-f", str(SERVICE_MONITOR_CRD), "--wait=true", "--timeout=60s", check=False)
+
+
 @pytest.mark.parametrize(
     "values",
-    [[], ["-f", str(CHART / "values-gpu.yaml")], ["namespaced"], ["--set", "rbac.create=false"]],
-    ids=["default", "gpu", "namespaced", "no-rbac"],
+    [[], ["-f", str(CHART / "values-gpu.yaml")], ["namespaced"], ["--set", "rbac.create=false"],
+     ["--set", "leaderElection.enabled=false", "--set", "metrics.port=0"], ["everything"], ["everything-namespaced"]],
+    ids=["default", "gpu", "namespaced", "no-rbac", "no-election-no-metrics", "everything", "everything-namespaced"],
 )
-def test_every_rendered_object_passes_server_side_dry_run(cluster, namespace, crd, values):
+def test_every_rendered_object_passes_server_side_dry_run(request, cluster, namespace, crd, values):
     if values == ["namespaced"]:
         values = ["--set", f"watchNamespaces={{{namespace}}}"]
+    if values and values[0].startswith("everything"):
+        request.getfixturevalue("service_monitor_crd")
+        scope = ["--set", f"watchNamespaces={{{namespace}}}"] if values[0].endswith("namespaced") else []
+        values = [*EVERYTHING, *scope]
     objects = rendered(cluster, namespace, *values)
+    if "metrics.serviceMonitor.enabled=true" in values:
+        assert {"ServiceMonitor", "PodDisruptionBudget", "Service"} <= {o["kind"] for o in objects}
     assert by_kind(objects, "Deployment") and [o for o in objects if is_test_hook(o)]
     objects.append(rendered_test_job(objects))  # what the `helm test` pod creates
     # Pods name their ServiceAccount, which admission looks up: create those for real first.
@@ -132,7 +142,12 @@ def test_helm_install_then_helm_test(cluster, namespace, installed):
     (pod,) = pods["items"]
     assert pod["status"]["phase"] == "Running"
     scope = [f"--namespace={namespace}"] if mode == "namespaced" else ["--all-namespaces"]
-    assert pod["spec"]["containers"][0]["args"] == [*scope, "--liveness=http://0.0.0.0:8080/healthz"]
+    assert pod["spec"]["containers"][0]["args"] == [*scope, "--liveness=http://0.0.0.0:8080/healthz",
+                                                    *leader_args(namespace)]
+    # The only replica leads: it holds the release's Lease, in the release namespace.
+    lease = wait_for_lease_holder(cluster, namespace, "spmd-monarch-spmd")
+    assert lease["spec"]["holderIdentity"] == pod["metadata"]["name"]
+    assert "monarch-spmd status -A" in install_output and "spmd-monarch-spmd-metrics" in install_output  # NOTES
 
     result = helm_cmd(cluster, "test", release, "-n", namespace, "--logs", "--timeout", "300s", timeout=360)
     operator_log = cluster.kubectl("logs", "-n", namespace, pod["metadata"]["name"], check=False)

@@ -45,6 +45,64 @@ app.kubernetes.io/name: {{ include "monarch-spmd.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/*
+The operator's pods and nothing else (the `helm test` pod shares the selector labels): what the
+metrics Service, the PodDisruptionBudget and the anti-affinity select.
+*/}}
+{{- define "monarch-spmd.operatorSelectorLabels" -}}
+{{ include "monarch-spmd.selectorLabels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* "<fullname>-<suffix>" within 63 characters: the full name is cut, never the suffix. */}}
+{{- define "monarch-spmd.suffixedName" -}}
+{{- $root := index . 0 }}{{- $suffix := index . 1 }}
+{{- printf "%s-%s" (include "monarch-spmd.fullname" $root | trunc (int (sub 62 (len $suffix))) | trimSuffix "-") $suffix }}
+{{- end }}
+
+{{/*
+The metrics Service's name, "<fullname>-metrics". A Service name must start with a letter (DNS-1035)
+and a release name need not: then it is "metrics-<fullname>".
+*/}}
+{{- define "monarch-spmd.metricsServiceName" -}}
+{{- $name := include "monarch-spmd.suffixedName" (list . "metrics") }}
+{{- if regexMatch "^[a-z]" $name }}
+{{- $name }}
+{{- else }}
+{{- printf "metrics-%s" (include "monarch-spmd.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{/* The leader-election Lease's name: leaderElection.leaseName, else the release's full name. */}}
+{{- define "monarch-spmd.leaseName" -}}
+{{- default (include "monarch-spmd.fullname" .) .Values.leaderElection.leaseName }}
+{{- end }}
+
+{{/*
+Checks across values that values.schema.json cannot express; each failure names the keys.
+*/}}
+{{- define "monarch-spmd.checkValues" -}}
+{{- with .Values.leaderElection }}
+{{- if .enabled }}
+{{- if ge (int .renewDeadlineSeconds) (int .leaseDurationSeconds) }}
+{{- fail (printf "leaderElection.renewDeadlineSeconds (%v) must be less than leaderElection.leaseDurationSeconds (%v): a leader must give up before a standby may take over" .renewDeadlineSeconds .leaseDurationSeconds) }}
+{{- end }}
+{{- if ge (int .retryPeriodSeconds) (int .renewDeadlineSeconds) }}
+{{- fail (printf "leaderElection.retryPeriodSeconds (%v) must be less than leaderElection.renewDeadlineSeconds (%v): the leader must get at least one retry before its deadline" .retryPeriodSeconds .renewDeadlineSeconds) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if and (not .Values.leaderElection.enabled) (gt (int .Values.replicaCount) 1) }}
+{{- fail (printf "replicaCount %v needs leaderElection.enabled: without a leader every replica would act on every job" .Values.replicaCount) }}
+{{- end }}
+{{- if and .Values.metrics.port (eq (int .Values.metrics.port) (int .Values.healthPort)) }}
+{{- fail (printf "metrics.port (%v) must differ from healthPort (%v): both are served by the operator" .Values.metrics.port .Values.healthPort) }}
+{{- end }}
+{{- if and .Values.metrics.serviceMonitor.enabled (not .Values.metrics.port) }}
+{{- fail "metrics.serviceMonitor.enabled needs metrics.port (it is 0: no metrics to scrape)" }}
+{{- end }}
+{{- end }}
+
 {{/* The operator's ServiceAccount name. */}}
 {{- define "monarch-spmd.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
