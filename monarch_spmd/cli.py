@@ -4,98 +4,369 @@ Subcommands::
 
     monarch-spmd run --mesh hosts=2,gpus=2 [options] -- -m train --lr 0.001
     monarch-spmd run -f job.yaml [options] [-- ARGV]       # the SPMDJob manifest kubectl applies
+    monarch-spmd run --nproc-per-node 4 train.py --lr 0.1  # torchrun's flags (monarch_spmd.torchrun)
+    monarch-spmd manifest --image IMAGE -- torchrun --nnodes 2 --nproc-per-node 8 -m train
     monarch-spmd worker -- -m train --lr 0.001             # the in-pod worker (see worker.py)
     monarch-spmd logs JOB [--rank R] [-f]                   # every rank's log of an SPMDJob
 
-Everything after the first ``--`` is the training argv, passed on untouched. ``run`` is
-:mod:`monarch_spmd.runner`, ``worker`` is :mod:`monarch_spmd.payload.worker`, ``logs`` is
-:mod:`monarch_spmd.logs`.
+With ``--mesh`` or a manifest, everything after the first ``--`` is the training argv, passed on
+untouched. Otherwise ``run`` reads torchrun's command line (:mod:`monarch_spmd.torchrun`): its
+flags, then the script and the script's arguments, ``--`` before the script allowed. ``run`` is
+:mod:`monarch_spmd.runner`, ``manifest`` prints the SPMDJob of a torchrun command line,
+``worker`` is :mod:`monarch_spmd.payload.worker`, ``logs`` is :mod:`monarch_spmd.logs`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
+import re
+import shlex
+import socket
 import sys
+import uuid
 from collections.abc import Sequence
+from typing import Any
 
-from . import runner
-from .payload import names, worker
+from . import runner, torchrun
+from .payload import contract, names, worker
 
-USAGE = """usage: monarch-spmd {run,worker,logs,validate} ...
+USAGE = """usage: monarch-spmd {run,manifest,worker,logs,validate} ...
 
   run     run an SPMD job locally, one process per proc:
           monarch-spmd run --mesh hosts=2,gpus=2 -- -m train --lr 0.001
           monarch-spmd run -f job.yaml
+          monarch-spmd run --nnodes 2 --nproc-per-node 4 train.py --lr 0.1   (torchrun's flags)
+  manifest  the SPMDJob of a torchrun command line, for kubectl apply:
+          monarch-spmd manifest --image IMAGE -- torchrun --nnodes 2 --nproc-per-node 8 -m train
   worker  the in-pod worker: monarch-spmd worker -- -m train ...
   logs    the logs of an SPMDJob's ranks: monarch-spmd logs JOB [--rank R] [-f]
   validate  check SPMDJob manifests offline as the API server would: monarch-spmd validate -f job.yaml
 """
 
 
-def _split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    args = list(argv)
-    if "--" in args:
-        i = args.index("--")
-        return args[:i], args[i + 1 :]
-    return args, []
-
-
 def _run_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="monarch-spmd run",
         description="Run an SPMD job on this machine, one process per proc, with the env the "
-        "SPMDJob operator gives pods. The training argv follows '--'.",
-        usage="monarch-spmd run (--mesh NAME=SIZE,... | -f job.yaml) [options] [-- -m MODULE ARGS... | -- SCRIPT ARGS...]",
+        "SPMDJob operator gives pods. With --mesh or a manifest the training argv follows '--'; "
+        "otherwise the command line is torchrun's: its flags, then SCRIPT ARGS... (or -m MODULE "
+        "ARGS...), run as the mesh [nodes=NNODES, procs=NPROC_PER_NODE], one worker per node.",
+        usage="monarch-spmd run (--mesh NAME=SIZE,... | -f job.yaml) [options] [-- -m MODULE ARGS... | -- SCRIPT ARGS...]\n"
+        "       monarch-spmd run [torchrun's flags] [options] (SCRIPT | -m MODULE) ARGS...",
     )
-    p.add_argument("manifest_pos", nargs="?", metavar="job.yaml", help="same as -f")
-    p.add_argument("-f", "--filename", dest="manifest", help="an SPMDJob manifest (YAML)")
+    p.add_argument("-f", "--filename", dest="manifest", help="an SPMDJob manifest (YAML); also as the first positional")
     p.add_argument("--mesh", help="ordered mesh, e.g. hosts=2,gpus=2 (the last dimension is local)")
-    p.add_argument("--master-port", type=int, help="rank 0's port (default: a free one)")
-    p.add_argument("--max-restarts", type=int, help="gang restarts after a failure (default: the manifest's restartPolicy.maxRestarts, else 0)")
     p.add_argument("--rendezvous-timeout", type=int, metavar="SECONDS",
                    help="seconds a worker waits for MASTER_ADDR to resolve (spec.rendezvousTimeoutSeconds)")
     p.add_argument("--local-rank-scope", choices=worker.LOCAL_RANK_SCOPES, help="mesh (default) or pod")
     p.add_argument("--pod-layout", choices=names.POD_LAYOUTS,
-                   help="PerProc (default): one worker per proc; PerHost: one per host, running its procs")
+                   help="PerProc (default with --mesh): one worker per proc; PerHost (default with torchrun's "
+                   "flags): one per host, running its procs")
     p.add_argument("--role-name", help="ROLE_NAME (default: default)")
-    p.add_argument("--run-id", help="TORCHELASTIC_RUN_ID (default: <job name>-<random>)")
+    p.add_argument("--run-id", help="TORCHELASTIC_RUN_ID (default: <job name>-<random>; with torchrun's flags, "
+                   "as torchrun makes it)")
     p.add_argument(
         "--grace-period",
         type=float,
-        default=runner.DEFAULT_GRACE_PERIOD,
-        help="seconds between SIGTERM and SIGKILL when stopping ranks (default %(default)s)",
+        help=f"seconds between SIGTERM and SIGKILL when stopping ranks (default {runner.DEFAULT_GRACE_PERIOD:g})",
     )
+    flags = p.add_argument_group(
+        "torchrun's flags",
+        "torchrun's command line (torch 2.14), read as torchrun reads it; --max-restarts and --master-port "
+        "also go with --mesh and -f. See the README's 'Coming from torchrun'.")
+    torchrun.add_arguments(flags)
+    p.add_argument("script", nargs="?", metavar="SCRIPT | job.yaml", help="the training script (with -m, a module), "
+                   "or an SPMDJob manifest")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments")
     return p
 
 
+def _training(opts: argparse.Namespace, tail: list[str] | None) -> tuple[list[str], bool]:
+    """The training argv (``["-m", MODULE, ...]`` or ``[SCRIPT, ...]``) and whether it came after
+    ``--`` (where it is written as the argv: ``-- -m train`` or ``-- train.py``)."""
+    module = bool(opts.module)
+    if tail is not None:
+        if module and tail and tail[0] != "-m":
+            return ["-m", *tail], True
+        return list(tail), True
+    if opts.script is None:
+        return [], False
+    return (["-m"] if module else []) + [opts.script, *opts.script_args], False
+
+
+def _launch(flags: dict[str, Any], training: Sequence[str]) -> torchrun.Launch:
+    """A :class:`torchrun.Launch` from flags parsed already and a training argv."""
+    args = list(training)
+    if args and args[0] == "-m":
+        return torchrun.Launch({**flags, "module": True}, args[1] if len(args) > 1 else None, tuple(args[2:]))
+    return torchrun.Launch(flags, args[0] if args else None, tuple(args[1:]))
+
+
+def _conflict(opts: argparse.Namespace, flags: dict[str, Any], pairs: Sequence[tuple[str, str, str]]) -> str | None:
+    """An error for an option of monarch-spmd given with the torchrun flag that says the same."""
+    for ours, dest, what in pairs:
+        if getattr(opts, ours) is not None and dest in flags:
+            flag = torchrun.BY_DEST[dest].name
+            return f"--{ours.replace('_', '-')} and {flag}: both set {what}; give one"
+    return None
+
+
+def visible_cuda_devices() -> int:
+    """The CUDA devices this process sees, as torchrun counts them (``torch.cuda.device_count()``).
+
+    Without torch: the NVIDIA driver's devices (/proc/driver/nvidia/gpus), at most as many as
+    CUDA_VISIBLE_DEVICES lists before its first invalid entry.
+    """
+    try:
+        import torch
+    except ImportError:
+        torch = None  # type: ignore[assignment]
+    if torch is not None:
+        return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    try:
+        present = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return present
+    listed = 0
+    for entry in visible.split(","):
+        entry = entry.strip()
+        if not entry or entry.startswith("-"):
+            break
+        listed += 1
+    return min(present, listed)
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on, as torchrun counts them (its ``--nproc-per-node cpu``)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def local_address_error(addr: str) -> str | None:
+    """Why ``addr`` cannot be rank 0's address on this machine, or None (it binds here)."""
+    try:
+        infos = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
+    except OSError as e:
+        return f"{addr!r} does not resolve ({e})"
+    for family, kind, proto, _, sockaddr in infos:
+        try:
+            with socket.socket(family, kind, proto) as s:
+                s.bind((sockaddr[0], 0))
+                return None
+        except OSError:
+            continue
+    return f"{addr!r} is not an address of this machine"
+
+
+def _note(prog: str, message: str) -> None:
+    print(f"{prog} {message}", file=sys.stderr, flush=True)
+
+
 def run_main(argv: Sequence[str]) -> int:
-    """``monarch-spmd run``."""
-    own, training = _split_argv(argv)
+    """``monarch-spmd run``: a mesh, a manifest or torchrun's command line, run locally."""
+    argv = list(argv)
     parser = _run_parser()
+    own, tail = torchrun.split_options(argv, parser)
     opts = parser.parse_args(own)
-    manifest = opts.manifest or opts.manifest_pos
-    if opts.manifest and opts.manifest_pos:
-        parser.error("give the manifest once: either -f FILE or FILE")
-    if not manifest and not training:
-        parser.error("no training argv: add '-- -m MODULE ARGS...' or '-- SCRIPT ARGS...'")
-    if opts.grace_period < 0:
+    flags = torchrun.given(opts)
+    manifest = opts.manifest
+    training, after_dashes = _training(opts, tail)
+    if not after_dashes and opts.script and not opts.module and opts.script.endswith(torchrun.MANIFEST_SUFFIXES):
+        # `run job.yaml [options] [-- ARGV]`: the manifest, not a script; options may follow it.
+        if manifest:
+            parser.error("give the manifest once: either -f FILE or FILE")
+        i = torchrun.script_index(argv, parser)
+        if i is not None and argv[i] == opts.script:
+            return run_main(["-f", opts.script, *argv[:i], *argv[i + 1:]])
+    if opts.grace_period is not None and opts.grace_period < 0:
         parser.error(f"--grace-period: {opts.grace_period} is not valid; expected 0 or more seconds")
     try:
-        job = runner.job_from_args(
-            opts.mesh,
-            training,
-            manifest,
-            master_port=opts.master_port,
-            max_restarts=opts.max_restarts,
-            rendezvous_timeout=opts.rendezvous_timeout,
-            local_rank_scope=opts.local_rank_scope,
-            role_name=opts.role_name,
-            pod_layout=opts.pod_layout,
-        )
-        return runner.run(job, grace_period=opts.grace_period, run_id=opts.run_id)
+        if torchrun.launcher_length(training):
+            if opts.mesh or manifest or flags:
+                what = "--mesh" if opts.mesh else "-f" if manifest else "flags before it"
+                parser.error(f"the training argv starts with torchrun ({training[0]}) and {what} are given too: "
+                             "give torchrun's command line alone (monarch-spmd run torchrun ...), or the script")
+            launch = torchrun.parse(training)
+            flags = dict(launch.options)
+        else:
+            launch = _launch(flags, training)
+        if opts.mesh or manifest:
+            mixed = [d for d in flags if not torchrun.BY_DEST[d].shared and d != "module"]
+            if mixed:
+                mesh = f"--mesh {opts.mesh}" if opts.mesh else f"the manifest {manifest}"
+                parser.error(f"{torchrun.BY_DEST[mixed[0]].name} and {mesh}: both give the job's shape (torchrun's "
+                             "--nnodes x --nproc-per-node is the mesh [nodes, procs]); use one or the other")
+            return _run_mesh(opts, flags, manifest, training)
+        return _run_torchrun(parser, opts, launch)
     except (ValueError, OSError, RuntimeError) as e:
         print(f"monarch-spmd run: {e}", file=sys.stderr)
         return 2
+
+
+def _run_mesh(opts: argparse.Namespace, flags: dict[str, Any], manifest: str | None, training: list[str]) -> int:
+    """``monarch-spmd run --mesh ...`` or ``-f job.yaml``: the job as the operator would run it."""
+    if not manifest and not training:
+        raise ValueError("no training argv: add '-- -m MODULE ARGS...' or '-- SCRIPT ARGS...'")
+    master_port = flags.get("master_port")
+    max_restarts = flags.get("max_restarts")
+    job = runner.job_from_args(
+        opts.mesh,
+        training,
+        manifest,
+        master_port=None if master_port is None else torchrun.int_flag("--master-port", master_port, 1, 65535),
+        max_restarts=None if max_restarts is None else torchrun.int_flag("--max-restarts", max_restarts, 0, torchrun.MAX_RESTARTS),
+        rendezvous_timeout=opts.rendezvous_timeout,
+        local_rank_scope=opts.local_rank_scope,
+        role_name=opts.role_name,
+        pod_layout=opts.pod_layout,
+    )
+    grace = runner.DEFAULT_GRACE_PERIOD if opts.grace_period is None else opts.grace_period
+    return runner.run(job, grace_period=grace, run_id=opts.run_id)
+
+
+def _run_torchrun(parser: argparse.ArgumentParser, opts: argparse.Namespace, launch: torchrun.Launch) -> int:
+    """``monarch-spmd run`` with torchrun's command line: the mesh [nodes, procs], PerHost."""
+    flags = dict(launch.options)
+    if not launch.script:
+        parser.error("no training script: give torchrun's flags, then SCRIPT ARGS... or -m MODULE ARGS..., "
+                     "or use --mesh / -f job.yaml")
+    conflict = _conflict(opts, flags, (("run_id", "rdzv_id", "TORCHELASTIC_RUN_ID"),
+                                       ("role_name", "role", "ROLE_NAME"),
+                                       ("grace_period", "shutdown_timeout", "the time from SIGTERM to SIGKILL")))
+    if conflict:
+        parser.error(conflict)
+    gpus = visible_cuda_devices() if torchrun.counts_devices(launch) else 0
+    plan = torchrun.plan(launch, torchrun.LOCAL, gpus=gpus, cpus=usable_cpus())
+    if flags.get("master_addr") is not None and plan.master_addr == flags["master_addr"]:
+        error = local_address_error(plan.master_addr)
+        if error:
+            raise ValueError(f"--master-addr: {error}; monarch-spmd run starts every node on this machine, so "
+                             "rank 0 listens here: give 127.0.0.1 (the default) or a name of this machine")
+    for message in plan.notes:
+        _note("[monarch-spmd]", message)
+    job = runner.job_from_args(
+        contract.format_mesh(plan.mesh),
+        plan.argv,
+        master_port=plan.master_port,
+        max_restarts=plan.max_restarts,
+        rendezvous_timeout=opts.rendezvous_timeout,
+        local_rank_scope=opts.local_rank_scope,
+        role_name=opts.role_name or plan.role,
+        pod_layout=opts.pod_layout or names.PER_HOST,
+    )
+    grace = opts.grace_period if opts.grace_period is not None else plan.grace_period
+    return runner.run(
+        job,
+        grace_period=runner.DEFAULT_GRACE_PERIOD if grace is None else grace,
+        run_id=opts.run_id or plan.run_id or str(uuid.uuid4()),  # torchrun's c10d rendezvous: a fresh uuid
+        master_addr=plan.master_addr,
+    )
+
+
+# --- manifest ----------------------------------------------------------------------------------
+
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+EXAMPLE_IMAGE = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
+
+
+def _manifest_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="monarch-spmd manifest",
+        description="Print the SPMDJob that runs a torchrun command line on Kubernetes (kubectl apply -f -): "
+        "the mesh [nodes=NNODES, procs=NPROC_PER_NODE] with podLayout PerHost, one pod per node running "
+        "its procs as torchrun's agent does. The torchrun command line follows '--', with or without the "
+        "word torchrun (or python -m torch.distributed.run). Notes on ignored flags go to stderr.",
+        usage="monarch-spmd manifest --image IMAGE [--name NAME] [--namespace NS] [--gpus-per-proc N] "
+        "-- [torchrun] [torchrun's flags] (SCRIPT | -m MODULE) ARGS...",
+    )
+    p.add_argument("--image", help=f"the container image of every node (required): python3, your code and its "
+                   f"dependencies, e.g. {EXAMPLE_IMAGE} with your code added")
+    p.add_argument("--name", help="the job's name, a DNS-1035 label (default: the module or script's name, "
+                   "e.g. train for -m train or train.py)")
+    p.add_argument("--namespace", help="metadata.namespace (default: none written; kubectl's namespace)")
+    p.add_argument("--gpus-per-proc", metavar="N", help="spec.gpusPerProc, 0..16 (default: 1 with "
+                   "--nproc-per-node gpu, else 0)")
+    flags = p.add_argument_group("torchrun's flags", "may also come after '--' (see monarch-spmd run --help)")
+    torchrun.add_arguments(flags)
+    p.add_argument("script", nargs="?", metavar="SCRIPT", help="the training script (with -m, a module)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments")
+    return p
+
+
+def manifest_main(argv: Sequence[str]) -> int:
+    """``monarch-spmd manifest``: prints the SPMDJob YAML of a torchrun command line."""
+    args = list(argv)
+    parser = _manifest_parser()
+    own, tail = torchrun.split_options(args, parser)
+    opts = parser.parse_args(own)
+    flags = torchrun.given(opts)
+    try:
+        if tail is not None:
+            if flags:
+                parser.error(f"{torchrun.BY_DEST[next(iter(flags))].name} before '--': give torchrun's command "
+                             "line once, after '--'")
+            launch = torchrun.parse(tail)
+        else:
+            training, _ = _training(opts, None)
+            if torchrun.launcher_length(training):
+                if flags:
+                    parser.error(f"{torchrun.BY_DEST[next(iter(flags))].name} before {training[0]}: give torchrun's "
+                                 "command line once")
+                launch = torchrun.parse(training)
+            else:
+                launch = _launch(flags, training)
+        if not launch.script:
+            parser.error("no torchrun command line: add '-- torchrun --nnodes N --nproc-per-node P SCRIPT ARGS...'")
+        if not opts.image:
+            parser.error(f"--image: required: the container image every node runs, with python3, your training "
+                         f"code and its dependencies (e.g. {EXAMPLE_IMAGE} with your code added)")
+        gpus_per_proc = None
+        if opts.gpus_per_proc is not None:
+            gpus_per_proc = torchrun.int_flag("--gpus-per-proc", opts.gpus_per_proc, 0, torchrun.MAX_GPUS_PER_PROC,
+                                              " (spec.gpusPerProc)")
+        if opts.namespace is not None and (len(opts.namespace) > 63 or not _NAMESPACE.match(opts.namespace)):
+            raise ValueError(f"--namespace: {opts.namespace!r} is not valid; a namespace is a DNS label of at most "
+                             "63 characters (lowercase letters, digits and '-')")
+        gpus = visible_cuda_devices() if torchrun.counts_devices(launch) else 0
+        plan = torchrun.plan(launch, torchrun.CLUSTER, gpus=gpus, cpus=usable_cpus())
+        from . import spec
+
+        name = opts.name if opts.name is not None else torchrun.default_name(plan.argv)
+        error = spec.job_name_error(name)
+        if error:
+            raise ValueError(f"--name: {error}")
+        if not spec.IMAGE_REFERENCE.matches(opts.image) or len(opts.image) > spec.MAX_IMAGE_LENGTH:
+            raise ValueError(f"--image: {opts.image!r} is not valid; an image reference is printable ASCII "
+                             f"without spaces, e.g. {EXAMPLE_IMAGE}")
+        doc = torchrun.manifest(plan, name=name, image=opts.image, namespace=opts.namespace,
+                                gpus_per_proc=gpus_per_proc)
+        if gpus_per_proc is None and not plan.from_gpus:
+            plan = dataclasses.replace(plan, notes=(
+                *plan.notes, "no GPU requested (spec.gpusPerProc 0): add --gpus-per-proc 1 to give every proc a GPU"))
+        _, errors = spec.check_manifest(doc, require_image=True)
+        if errors:  # every input was checked above: this would be a bug here, said plainly
+            raise ValueError("the SPMDJob would be refused: " + "; ".join(str(e) for e in errors))
+    except (ValueError, RuntimeError) as e:
+        print(f"monarch-spmd manifest: {e}", file=sys.stderr)
+        return 2
+    try:
+        import yaml
+    except ImportError:
+        print("monarch-spmd manifest: printing YAML needs PyYAML: pip install 'monarch-spmd[cli]'", file=sys.stderr)
+        return 2
+    for message in plan.notes:
+        _note("monarch-spmd manifest:", message)
+    command = shlex.join(args)
+    if "\n" not in command and "\r" not in command:  # a comment is one line
+        sys.stdout.write(f"# monarch-spmd manifest {command}\n")
+    sys.stdout.write(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False))
+    return 0
 
 
 def logs_main(argv: Sequence[str]) -> int:
@@ -114,6 +385,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, rest = args[0], args[1:]
     if command == "run":
         return run_main(rest)
+    if command == "manifest":
+        return manifest_main(rest)
     if command == "worker":
         return worker.main(rest)
     if command == "logs":

@@ -10,7 +10,8 @@ Behaviour, modelled on torchrun's local agent:
 
 * one worker process per pod the operator would create, all started at once,
   ``sys.executable -m monarch_spmd.payload.worker -- ARGV``, each in its own process group, with
-  MASTER_ADDR 127.0.0.1 and a free port unless the manifest (or ``--master-port``) sets one; in
+  MASTER_ADDR 127.0.0.1 (or another address of this machine the caller names) and a free port
+  unless the manifest (or ``--master-port``) sets one; in
   the PerHost layout each worker runs its host's procs itself, as in a pod;
 * every output line is prefixed with its rank (``[rank 3] ...``): stdout to stdout, stderr to
   stderr; the runner's own lines start with ``[monarch-spmd]`` and go to stderr;
@@ -128,14 +129,16 @@ def check_local(job: LocalJob) -> tuple[dict[str, str], list[str]]:
 def read_manifest(path: str) -> dict[str, Any]:
     """The SPMDJob document of a YAML file (the file ``kubectl apply -f`` takes), unparsed.
 
-    Other documents in the file (a ConfigMap holding the script, say) are ignored.
+    The YAML is read as kubectl reads it (:func:`monarch_spmd.validate.load_documents`: ``1e3``
+    is a number, ``y`` is true), so a manifest means here what it means on the cluster. Other
+    documents in the file (a ConfigMap holding the script, say) are ignored.
     """
     try:
-        import yaml
+        from .validate import load_documents
     except ImportError:
         raise RuntimeError("reading a manifest needs PyYAML: pip install 'monarch-spmd[cli]'") from None
     with open(path, encoding="utf-8") as f:
-        docs = [d for d in yaml.safe_load_all(f) if d]
+        docs = load_documents(f.read())
     jobs = [d for d in docs if isinstance(d, Mapping) and d.get("kind") == spec.KIND]
     if len(jobs) != 1:
         raise ValueError(f"{path}: expected one document of kind {spec.KIND} ({spec.API_VERSION}), found {len(jobs)}")
@@ -234,7 +237,8 @@ def _gpu_env(job: LocalJob, first_rank: int, procs: int, base: Mapping[str, str]
     return {"CUDA_VISIBLE_DEVICES": ",".join(str(d) for d in range(first_rank * per, (first_rank + procs) * per))}
 
 
-def _members(job: LocalJob, env: Mapping[str, str], attempt: int, run_id: str, python: str, port: int) -> list[gang.Member]:
+def _members(job: LocalJob, env: Mapping[str, str], attempt: int, run_id: str, python: str, port: int,
+             master_addr: str = LOCAL_MASTER_ADDR) -> list[gang.Member]:
     """One worker per pod the operator would create: per proc, or per host (PerHost)."""
     s = job.spec
     base = dict(os.environ)
@@ -248,7 +252,7 @@ def _members(job: LocalJob, env: Mapping[str, str], attempt: int, run_id: str, p
         inputs = worker.worker_input_env(
             job.mesh,
             coords[:-1] if per_host else coords,
-            LOCAL_MASTER_ADDR,
+            master_addr,
             port,
             restart_count=attempt,
             max_restarts=s.max_restarts,
@@ -274,6 +278,7 @@ def run(
     stderr: IO[str] | None = None,
     grace_period: float = DEFAULT_GRACE_PERIOD,
     run_id: str | None = None,
+    master_addr: str | None = None,
 ) -> int:
     """Runs ``job`` locally (see the module docstring) and returns the exit code.
 
@@ -283,6 +288,8 @@ def run(
         stdout, stderr: where the prefixed output goes (default the process's own).
         grace_period: seconds between SIGTERM and SIGKILL when stopping ranks.
         run_id: TORCHELASTIC_RUN_ID (default ``<job name>-<8 hex digits>``, stable across restarts).
+        master_addr: MASTER_ADDR, a name or address of this machine (default 127.0.0.1); rank 0
+            listens here, on every interface.
 
     Raises:
         LocalRunError: for a spec field that cannot be honoured locally (nothing is started).
@@ -294,6 +301,7 @@ def run(
         write(2, f"{_TAG} {message}\n".encode())
 
     run_id = run_id or f"{job.name}-{uuid.uuid4().hex[:8]}"
+    master_addr = master_addr or LOCAL_MASTER_ADDR
     exe = python or sys.executable
     s = job.spec
     world = s.world_size
@@ -320,9 +328,10 @@ def run(
         attempt = 0
         while True:
             port = s.master_port if job.fixed_port else free_port(LOCAL_MASTER_ADDR)
-            group = gang.Gang(_members(job, env, attempt, run_id, exe, port), write, grace_period, on_failure)
+            group = gang.Gang(_members(job, env, attempt, run_id, exe, port, master_addr), write, grace_period,
+                              on_failure)
             note(f"attempt {attempt}: {world} ranks of mesh {contract.format_mesh(job.mesh)}, master "
-                 f"{LOCAL_MASTER_ADDR}:{port}, run id {run_id}")
+                 f"{master_addr}:{port}, run id {run_id}")
             expired = False
             try:
                 group.start()
