@@ -92,6 +92,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the operator until it is stopped (SIGTERM/SIGINT); returns the exit code."""
     args = parse_args(argv)
+    # kopf recognises the objects of three client libraries when they are installed, and imports
+    # them whole to do so (the synchronous `kubernetes` client alone is 30 MiB and a second of
+    # start-up). The operator passes none of their objects to kopf: keep kopf from loading them.
+    for unused in ("kubernetes", "pykube"):
+        sys.modules.setdefault(unused, None)  # type: ignore[arg-type]
     import kopf
 
     from . import handlers  # noqa: F401  (registers the handlers)

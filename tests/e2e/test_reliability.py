@@ -307,3 +307,21 @@ def test_a_new_attempt_never_reaches_an_old_attempts_rank_zero(running_operator,
     core = client.CoreV1Api(c.api_client())
     services = [s.metadata.name for s in core.list_namespaced_service(namespace).items]
     assert names.service_name(ref, 0) not in services, "the old attempt's name no longer resolves"
+
+
+def test_an_evicted_pod_restarts_the_gang_without_using_up_max_restarts(running_operator, namespace):
+    c = running_operator
+    apply(c, namespace, job_manifest("evicted", [("procs", 4)], ["-m", "train"], kwok=True,
+                                     restartPolicy={"maxRestarts": 0}))
+    job = wait_phase(c, namespace, "evicted", "Running", timeout=120)
+    victim = names.pod_name(job_ref(job), 0, 2)
+    core = client.CoreV1Api(c.api_client())
+    # What `kubectl drain` does: the Eviction API (it marks the pod DisruptionTarget, then deletes it).
+    core.create_namespaced_pod_eviction(victim, namespace, {"apiVersion": "policy/v1", "kind": "Eviction",
+                                                            "metadata": {"name": victim, "namespace": namespace}})
+    job = wait_job(c, namespace, "evicted", lambda j: j["status"].get("disruptions") == 1, timeout=CONVERGE,
+                   what="a disruption restart")
+    failure = job["status"]["failure"]
+    assert (failure["pod"], failure["reason"], failure["disruption"]) == (victim, "EvictionByEvictionAPI", True), failure
+    job = wait_phase(c, namespace, "evicted", "Running", timeout=120)
+    assert job["status"]["restarts"] == 1, "maxRestarts 0, and yet the gang came back: a disruption is no failure"
