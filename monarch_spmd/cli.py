@@ -32,7 +32,7 @@ from typing import Any
 from . import runner, torchrun
 from .payload import contract, names, worker
 
-USAGE = """usage: monarch-spmd {run,manifest,worker,logs,validate} ...
+USAGE = """usage: monarch-spmd {run,manifest,worker,logs,status,validate} ...
 
   run     run an SPMD job locally, one process per proc:
           monarch-spmd run --mesh hosts=2,gpus=2 -- -m train --lr 0.001
@@ -42,6 +42,7 @@ USAGE = """usage: monarch-spmd {run,manifest,worker,logs,validate} ...
           monarch-spmd manifest --image IMAGE -- torchrun --nnodes 2 --nproc-per-node 8 -m train
   worker  the in-pod worker: monarch-spmd worker -- -m train ...
   logs    the logs of an SPMDJob's ranks: monarch-spmd logs JOB [--rank R] [-f]
+  status  SPMDJobs and why each is in its phase: monarch-spmd status [JOB] [-n NS | -A]
   validate  check SPMDJob manifests offline as the API server would: monarch-spmd validate -f job.yaml
 """
 
@@ -391,6 +392,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return worker.main(rest)
     if command == "logs":
         return logs_main(rest)
+    if command == "status":
+        from . import status
+
+        return status.main(rest)
     if command == "validate":
         from . import validate  # needs PyYAML (the cli extra)
 
