@@ -1,14 +1,14 @@
 """torchrun's command line, read the way monarch-spmd runs it: the on-ramp for torchrun users.
 
 Where it sits: below :mod:`monarch_spmd.cli` (``monarch-spmd run`` and ``monarch-spmd manifest``
-parse with it), beside the runner; it imports only :mod:`.payload.contract`, :mod:`.payload.names`
-and the spec's constants. Standard library only, and pure: the caller counts GPUs and CPUs, makes
+parse with it), beside the runner; it imports only :mod:`.payload.contract` and
+:mod:`.payload.names`. Standard library only, and pure: the caller counts GPUs and CPUs, makes
 run ids and prints the notes.
 
 torchrun's world is ``--nnodes`` x ``--nproc-per-node``. It becomes the mesh ``[nodes=N, procs=P]``
 with the PerHost layout: one worker per node, which starts the node's P procs exactly as
 torchrun's agent does, so RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
-ROLE_* and TORCHELASTIC_* are the values torchrun gives (tests/lib/test_torchrun.py runs the same
+ROLE_* and TORCHELASTIC_* are the values torchrun gives (tests/lib/test_torchrun_parity.py runs the same
 script under both and compares them). What each flag of torchrun (torch 2.14) does here:
 
 =====================================  ====================================================
@@ -35,8 +35,8 @@ flag                                   ``run`` (this machine) / ``manifest`` (an
 ``--role``                             ROLE_NAME
 ``-m``/``--module``, ``--run-path``    the script is a module / a path
 ``--shutdown-timeout``                 ``run``: seconds from SIGTERM to SIGKILL
-``--no-python``, ``--redirects``,      refused, saying why
-``--tee``, ``--duplicate-*-filters``,
+``--no-python``, ``--redirects`` and   refused, saying why
+``--tee`` (but 0), ``--duplicate-*-filters``,
 ``--numa-binding``,
 ``--virtual-local-rank``,
 ``--print-completion``
