@@ -247,6 +247,7 @@ def trial(cluster: Cluster, actor: str, n: int, timeout: float, log_dir: Path, r
                 raise w.error
         idents = ctl.identities() if ctl else idents  # JobSet's Job controller joins in start()
         before = kube.requests_of(admin, idents)
+        before_each = {i.name: kube.requests_of(admin, i) for i in idents} if len(idents) > 1 else {}
         own_before = ctl.scrape() if hasattr(ctl, "scrape") else {}
 
         t0 = time.time()
@@ -298,6 +299,8 @@ def trial(cluster: Cluster, actor: str, n: int, timeout: float, log_dir: Path, r
         # Count the controller's requests for this job: until they stop for 2 s.
         after = kube.wait_quiet(admin, idents, quiet=2.0, limit=60.0)
         rec["api_requests"] = after - before
+        if before_each:
+            rec["api_requests_by_identity"] = {i.name: kube.requests_of(admin, i) - before_each[i.name] for i in idents}
         if hasattr(ctl, "scrape"):  # the operator's own count, by verb: where the requests went
             own = ctl.scrape()
             rec["operator_metrics"] = {k: v - own_before.get(k, 0.0) for k, v in own.items()
