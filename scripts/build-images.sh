@@ -79,20 +79,22 @@ REF[pause]=monarch-spmd.local/pause:3.10
 declare -A DEPS=([python]=debian [operator]=python [worker-cpu]=python [debian-torch]=debian)
 tar_of() { echo "$OUT/$1-${KEY[$1]}.tar"; }
 
-missing=0
 for name in "${WANT[@]}"; do
   [ -n "${REF[$name]:-}" ] || { log "unknown image $name (one of ${ALL[*]})"; exit 2; }
-  [ -s "$(tar_of "$name")" ] || missing=1
 done
-if [ "$missing" = 0 ]; then
+print_if_cached() {  # exits when every wanted tar is there
+  local name
+  for name in "${WANT[@]}"; do [ -s "$(tar_of "$name")" ] || return 0; done
   for name in "${WANT[@]}"; do printf '%s\t%s\t%s\n' "$name" "${REF[$name]}" "$(tar_of "$name")"; done
   exit 0
-fi
+}
+print_if_cached
 
 # --- a private Docker daemon, only while building ------------------------------------------------
 mkdir -p "$OUT" "$CACHE/docker"
 exec 9>"$CACHE/images.lock"
 flock 9
+print_if_cached  # another build may have made them while this one waited
 RUNDIR=/run/monarch-spmd-docker
 export DOCKER_HOST="unix://$RUNDIR/docker.sock"
 WORK="$(mktemp -d "$CACHE/images-build.XXXXXX")"
@@ -132,7 +134,7 @@ save() {  # the daemon's image -> its tar, replacing older tars of the same imag
   tar="$(tar_of "$name")"
   "$DOCKER" save -o "$tar.tmp" "${REF[$name]}"
   mv "$tar.tmp" "$tar"
-  find "$OUT" -maxdepth 1 -name "$name-*.tar" ! -name "$(basename "$tar")" -delete
+  find "$OUT" -maxdepth 1 -name "$name-????????????????.tar" ! -name "$(basename "$tar")" -delete
 }
 build() {
   local name="$1" began tar
