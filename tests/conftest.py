@@ -56,6 +56,10 @@ from devcluster.kueue import ensure_kueue
 from devcluster.realnode import ensure_images, ensure_realnode_binaries
 
 
+#: tests/gpu needs CUDA GPUs: collected only where MONARCH_SPMD_GPU_TESTS=1 says there are some
+#: (it is never skipped: on a machine without GPUs it is not part of the suite at all).
+collect_ignore = [] if os.environ.get("MONARCH_SPMD_GPU_TESTS") == "1" else ["gpu"]
+
 BIN_DIR = pytest.StashKey[Path]()
 REAL_NODES = 2
 

@@ -195,7 +195,7 @@ def test_a_leader_stopped_with_sigterm_hands_over_at_once(operator, namespace, l
         wait_until(lambda: holder(c, lease_namespace) == standby.name, 15, "the standby leads")
         took = time.monotonic() - stopped_at
         print(f"takeover after SIGTERM: {took:.1f} s")
-        assert took < 6, "the Lease was released, not left to expire"
+        assert took < 9, "the Lease (10 s) was released, not left to expire"
         metrics = scrape(standby.metrics)
         assert value(metrics, "spmdjob_leader") == 1
         apply(c, namespace, job_manifest("afterwards", [("procs", 2)], ["-m", "train"], kwok=True))

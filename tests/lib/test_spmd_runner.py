@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 import signal
 import textwrap
-import time
 
 from monarch_spmd.payload import worker
 from monarch_spmd.examples import allreduce
@@ -204,28 +203,25 @@ def start_times(out: str) -> dict[int, float]:
 
 
 def test_every_rank_starts_at_once_so_work_before_init_runs_in_parallel():
-    # As under torchrun: no rank waits for rank 0's TCPStore before its program starts.
-    began = time.monotonic()
-    result = run(cli_cmd("run", "--mesh", "procs=3", "--", "-m", f"{EXAMPLES}.preinit", "--work", "4"))
-    took = time.monotonic() - began
+    # As under torchrun: no rank waits for rank 0's TCPStore before its program starts. Had the
+    # ranks waited, the last would start only after rank 0 finished its work and opened the store.
+    work = 8.0
+    result = run(cli_cmd("run", "--mesh", "procs=3", "--", "-m", f"{EXAMPLES}.preinit", "--work", str(work)))
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
     starts = start_times(out)
     assert sorted(starts) == [0, 1, 2], out
-    assert max(starts.values()) - min(starts.values()) < 2.0, starts
+    assert max(starts.values()) - min(starts.values()) < work, f"a rank started after another's work: {starts}"
     assert out.count("preinit done rank") == 3
-    assert took < 4 * 3, f"{took:.1f}s: the ranks' work was serialised"
 
 
 def test_a_rank_failing_before_rank_0_listens_fails_the_gang_at_once():
-    began = time.monotonic()
+    # Rank 0 works 300 s before it would open its store: the run must end long before that.
     result = run(cli_cmd("run", "--mesh", "gpus=2", "--", "-m", f"{EXAMPLES}.preinit", "--work", "300",
                          "--fail-rank", "1", "--fail-code", "7"), timeout=120)
-    took = time.monotonic() - began
     out = result.stdout + result.stderr
     assert result.returncode == 7, out
     assert "rank 1 exited with code 7; stopping the other ranks" in out
-    assert took < 30, f"{took:.1f}s"
 
 
 def manifest_file(tmp_path, spec_yaml: str):
@@ -244,12 +240,10 @@ def test_active_deadline_is_honoured_locally(tmp_path):
         image: unused:1
         activeDeadlineSeconds: 3
         """)
-    began = time.monotonic()
-    result = run(cli_cmd("run", "-f", job, "--grace-period", "2"), timeout=120)
+    result = run(cli_cmd("run", "-f", job, "--grace-period", "2"), timeout=120)  # the ranks sleep 600 s
     out = result.stdout + result.stderr
     assert result.returncode == 124, out
     assert "activeDeadlineSeconds (3s) passed" in out and "DeadlineExceeded" in out
-    assert time.monotonic() - began < 60
 
 
 def test_suspend_and_cluster_only_env_are_refused_naming_the_field(tmp_path):

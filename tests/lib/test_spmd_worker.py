@@ -124,12 +124,12 @@ def test_dash_m_alone_and_empty_argv_are_exit_64():
 def test_no_rank_waits_for_the_masters_port(coords):
     # Nothing listens on the port: every rank starts its program at once, as under torchrun
     # (torch's TCPStore client retries a refused connection by itself).
+    # Had it waited for the port, it would have ended with the rendezvous timeout (75).
     env = worker_inputs("hosts=2", coords, free_port(), MONARCH_SPMD_RENDEZVOUS_TIMEOUT="60")
-    started = time.monotonic()
-    result = run(worker_cmd(script("exit_with.py"), "0"), env, timeout=50)
+    result = run(worker_cmd(script("exit_with.py"), "0"), env, timeout=120)
     assert result.returncode == 0, result.stderr
     assert f"exit_with rank {coords}" in result.stdout
-    assert time.monotonic() - started < 20, "the program ran without waiting out the rendezvous timeout"
+    assert "rendezvous timeout" not in result.stderr
 
 
 def test_a_master_name_that_resolves_late_is_waited_for(tmp_path):
@@ -189,14 +189,12 @@ def test_a_per_host_worker_runs_every_proc_of_its_host_with_its_own_env():
 
 
 def test_a_failing_local_proc_stops_its_siblings_and_names_its_rank():
-    began = time.monotonic()
     result = run(worker_cmd("-m", "tests.programs.fail_once", "--rank", "4", "--code", "3", "--sleep", "600",
                             "--no-rendezvous"),
-                 host_inputs("hosts=2,gpus=3", "1"), timeout=120)
+                 host_inputs("hosts=2,gpus=3", "1"), timeout=120)  # the siblings sleep 600 s
     assert result.returncode == 3, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last == "monarch-spmd worker: rank 4 exited with code 3 (local rank 1); stopped the other local ranks"
-    assert time.monotonic() - began < 60, "the siblings were stopped, not waited for"
     pids = pids_in(result.stdout + result.stderr)
     assert wait_dead(pids) == set()
 

@@ -143,16 +143,3 @@ def test_standalone_matches_except_the_port_and_run_id_torchrun_picks():
 def test_nproc_per_node_cpu_counts_cpus_as_torchrun_does():
     env = compare(["--nproc-per-node", "cpu", SCRIPT], per_run=frozenset({"MASTER_PORT", "TORCHELASTIC_RUN_ID"}))
     assert len(env) == min(2, len(os.sched_getaffinity(0)))
-
-
-def _cuda_devices() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-@pytest.mark.skipif(_cuda_devices() == 0, reason="needs a CUDA device")
-@pytest.mark.parametrize("nproc", ["gpu", "auto"])
-def test_nproc_per_node_gpu_counts_visible_cuda_devices_as_torchrun_does(nproc):
-    env = compare(["--nproc-per-node", nproc, "--master-port", str(free_port()), SCRIPT, "--gloo"])
-    assert len(env) == _cuda_devices()
