@@ -639,6 +639,8 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         if not any(n.startswith("kubelet") and p.poll() is None for n, p in self.processes.items()):
             return
         core = client.CoreV1Api(config.new_client_from_config(str(self.kubeconfig)))
+        for name in self.names:  # cordoned first: a Deployment's replacement pods go nowhere
+            core.patch_node(name, {"spec": {"unschedulable": True}})
         for name in self.names:
             pods = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items
             for pod in pods:
