@@ -57,5 +57,7 @@ func main() {
 GO
   (cd "$WORK/kind" && go build -trimpath -ldflags "-s -w" -o "$BIN.tmp" ./pkg/kind-config-check) >&2
   mv "$BIN.tmp" "$BIN"
+  rm -rf "$WORK"  # exec below skips the EXIT trap
+  trap - EXIT
 fi
 exec "$BIN" "$@"
