@@ -40,7 +40,7 @@ A spec in one picture (camelCase as in the manifest; defaults shown)::
 
     spec:
       mesh: [{name: hosts, size: 2}, {name: gpus, size: 4}]   # required; the last dim is local
-      args: ["-m", "train", "--lr", "0.001"]                  # required; SPMDActor.main's argv
+      args: ["-m", "train", "--lr", "0.001"]                  # required (mode Program); SPMDActor.main's argv
       image: pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime    # required on Kubernetes
       python: python3
       masterPort: 29500
@@ -53,6 +53,7 @@ A spec in one picture (camelCase as in the manifest; defaults shown)::
       activeDeadlineSeconds: null
       ttlSecondsAfterFinished: null
       suspend: false
+      mode: Program                                           # Monarch: pods serve a Monarch client
       template: {metadata: {labels: {}, annotations: {}}, spec: {}}
 """
 
@@ -120,6 +121,10 @@ MAX_SCHEDULING_TIMEOUT: Final = 7 * 86400
 PER_PROC: Final = names.PER_PROC
 PER_HOST: Final = names.PER_HOST
 POD_LAYOUTS: Final = names.POD_LAYOUTS
+#: spec.mode: what the pods run: the training argv once, or Monarch's worker loop for a client.
+MODE_PROGRAM: Final = names.MODE_PROGRAM
+MODE_MONARCH: Final = names.MODE_MONARCH
+MODES: Final = names.MODES
 
 #: Worker input variables a user may set in the template's ``trainer`` container (the user's value
 #: wins). Every other ``MONARCH_SPMD_*`` variable belongs to the operator and is rejected.
@@ -172,7 +177,7 @@ class JobSpec:
 
     Attributes:
         mesh: the ordered mesh; the last dimension is the local one.
-        args: the training argv, ``("-m", module, ...)`` or ``(script, ...)``.
+        args: the training argv, ``("-m", module, ...)`` or ``(script, ...)``; empty in Monarch mode.
         image: the container image of every proc (None only outside Kubernetes).
         python: the interpreter in the image that runs the worker and the training argv.
         master_port: the port of rank 0's TCPStore.
@@ -195,6 +200,8 @@ class JobSpec:
         pod_layout: ``PerProc`` (one pod per proc) or ``PerHost`` (one pod per coordinate of all
             dimensions but the last; its worker runs the last dimension's procs).
         shm_size: the size limit of the pod's memory-backed /dev/shm, or None (no own limit).
+        mode: ``Program`` (each proc runs ``args``) or ``Monarch`` (each pod is a Monarch host
+            serving a client; ``args`` is empty).
         scheduling_provider: ``None``, ``Kueue``, ``Volcano`` or ``Coscheduling``.
         scheduling_queue: the Kueue LocalQueue, or the Volcano queue.
         scheduler_name: the scheduler of the pods (a gang scheduler's), or None for the template's.
@@ -203,7 +210,7 @@ class JobSpec:
     """
 
     mesh: tuple[MeshDim, ...]
-    args: tuple[str, ...]
+    args: tuple[str, ...] = ()
     image: str | None = None
     python: str = DEFAULT_PYTHON
     master_port: int = DEFAULT_MASTER_PORT
@@ -221,6 +228,7 @@ class JobSpec:
     suspend: bool = False
     pod_layout: str = PER_PROC
     shm_size: str | None = None
+    mode: str = MODE_PROGRAM
     scheduling_provider: str = SCHEDULING_NONE
     scheduling_queue: str | None = None
     scheduler_name: str | None = None
@@ -314,6 +322,47 @@ class Argv(Rule):
         error = worker.argv_error(value) if value else None  # an empty list is min_items' to report
         if error:
             yield "", error
+
+
+_ARGS_EXAMPLE: Final = f"give the training argv: {worker.ARGV_HINT.removeprefix('expected ')}"
+_CEL_MONARCH: Final = f"(has(self.mode) && self.mode == '{MODE_MONARCH}')"
+
+
+@dataclass(frozen=True)
+class ArgsForMode(Rule):
+    """spec.args is required in Program mode and refused in Monarch mode (on spec itself)."""
+
+    message: str = (f"args is required with mode {MODE_PROGRAM} (the training argv) and not allowed with mode "
+                    f"{MODE_MONARCH}, whose pods run Monarch's worker loop: the client runs programs on them "
+                    "with SPMDActor.main")
+    field_path: str | None = ".args"
+
+    def cel(self) -> str:
+        return f"{_CEL_MONARCH} ? !has(self.args) : has(self.args)"
+
+    def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
+        monarch = value.get("mode") == MODE_MONARCH
+        if monarch and "args" in value:
+            yield ".args", (f"not allowed with mode {MODE_MONARCH}: its pods run Monarch's worker loop, and the "
+                            "client runs programs on them with SPMDActor.main; remove args")
+        elif not monarch and "args" not in value:
+            yield ".args", f"required; {_ARGS_EXAMPLE}"
+
+
+@dataclass(frozen=True)
+class LayoutForMode(Rule):
+    """Monarch mode runs one Monarch host per pod: podLayout PerHost (on spec itself)."""
+
+    message: str = (f"mode {MODE_MONARCH} needs podLayout {PER_HOST}: each pod is one Monarch host, in which the "
+                    "client spawns the last mesh dimension's procs")
+    field_path: str | None = ".podLayout"
+
+    def cel(self) -> str:
+        return f"!{_CEL_MONARCH} || (has(self.podLayout) && self.podLayout == '{PER_HOST}')"
+
+    def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
+        if value.get("mode") == MODE_MONARCH and value.get("podLayout") != PER_HOST:
+            yield ".podLayout", f"{schema.show(value.get('podLayout'))} is not allowed; {self.message}"
 
 
 @dataclass(frozen=True)
@@ -558,8 +607,9 @@ TEMPLATE: Final = Obj(
 SPEC: Final = Obj(
     description=_d("""
         What to run and how: the mesh, the training argv, the image, the pod template and the
-        gang's restart policy. Everything except the mesh may change; changes apply to pods
-        created afterwards (the next attempt, or the resume of a suspended job)."""),
+        gang's restart policy. Everything except the mesh, podLayout and mode may change; changes
+        apply to pods created afterwards (the next attempt, or the resume of a suspended job)."""),
+    rules=(ArgsForMode(), LayoutForMode()),
     properties={
         "mesh": Arr(
             required=True,
@@ -600,17 +650,17 @@ SPEC: Final = Obj(
             ),
         ),
         "args": Arr(
-            required=True,
-            example=f"give the training argv: {worker.ARGV_HINT.removeprefix('expected ')}",
+            example=_ARGS_EXAMPLE,
             min_items=1,
             max_items=MAX_ARGS,
-            convert=tuple,
+            convert=lambda v: tuple(v or ()),
             rules=(Argv(),),
             description=_d("""
                 The training argv, as torchrun's or SPMDActor.main's script_args: either ["-m",
                 MODULE, ARGS...] (run a module, like python -m) or [SCRIPT.py, ARGS...] (a path
                 inside the image). Run by the worker with spec.python after the rendezvous; the
-                pod's exit code is the program's exit code."""),
+                pod's exit code is the program's exit code. Required with mode Program (the
+                default); not allowed with mode Monarch."""),
             items=Str(description="One argument."),
         ),
         "image": Str(
@@ -700,6 +750,27 @@ SPEC: Final = Obj(
                 size, and the pod requests gpusPerProc times that many GPUs. Use PerHost on GPU
                 nodes: NCCL reaches the other GPUs of the pod through NVLink and shared memory,
                 which it cannot across containers. Immutable after creation."""),
+        ),
+        "mode": Str(
+            enum=MODES, default=MODE_PROGRAM,
+            rules=(schema.Immutable("spec.mode is immutable: delete the job and create it again to change it"),),
+            description=_d(f"""
+                What the pods run. Program (default): every proc runs spec.args once, and the job
+                succeeds when every rank exited 0. Monarch: every pod is one Monarch host for a
+                single controller: its worker runs Monarch's worker loop
+                (monarch.actor.run_worker_loop_forever on TCP port {names.DEFAULT_MONARCH_PORT},
+                the container port named "{names.MONARCH_PORT_NAME}"; without TLS, which
+                torchmonarch 0.7.0 lacks, so keep the port inside the cluster's network) and waits
+                for a client, which attaches to the pods (monarch_spmd.kubernetes.proc_mesh) and
+                runs programs on them again and again (setup_torch_elastic_env, SPMDActor.main)
+                without new pods. Monarch needs podLayout PerHost (one pod per coordinate of every
+                dimension but the last; the client spawns the last dimension's procs in it), no
+                args, and torchmonarch in the image (spec.python must import monarch; the worker
+                exits 64, a permanent failure, when it cannot). Its pods stay up until the job is
+                deleted or suspended or activeDeadlineSeconds passes; the job never succeeds, and a
+                pod that exits (with any code) or is lost replaces the whole gang. It is Running
+                when every pod is Ready: a readiness probe checks the worker's port. Immutable after
+                creation."""),
         ),
         "shmSize": Str(
             max_length=32,

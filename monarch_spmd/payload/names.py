@@ -53,12 +53,23 @@ ROLE_NAME_VAR: Final = "MONARCH_SPMD_ROLE_NAME"
 RENDEZVOUS_TIMEOUT_VAR: Final = "MONARCH_SPMD_RENDEZVOUS_TIMEOUT"
 LOCAL_RANK_SCOPE_VAR: Final = "MONARCH_SPMD_LOCAL_RANK_SCOPE"
 POD_LAYOUT_VAR: Final = "MONARCH_SPMD_POD_LAYOUT"
+MODE_VAR: Final = "MONARCH_SPMD_MODE"
+MONARCH_PORT_VAR: Final = "MONARCH_SPMD_MONARCH_PORT"
 
 #: ``spec.podLayout``: one pod (one worker) per proc, or per coordinate of every dimension but
 #: the last (a "host"), whose worker starts that host's procs as local processes.
 PER_PROC: Final = "PerProc"
 PER_HOST: Final = "PerHost"
 POD_LAYOUTS: Final = (PER_PROC, PER_HOST)
+#: ``spec.mode``: run the training argv once (Program), or serve as a Monarch host (Monarch):
+#: the worker runs Monarch's worker loop and a client attaches to it (monarch_spmd.kubernetes).
+MODE_PROGRAM: Final = "Program"
+MODE_MONARCH: Final = "Monarch"
+MODES: Final = (MODE_PROGRAM, MODE_MONARCH)
+#: The TCP port of a Monarch-mode pod's worker loop (Monarch's own default, as its MonarchMesh
+#: pods use); the pod declares it as the container port named MONARCH_PORT_NAME.
+DEFAULT_MONARCH_PORT: Final = 26600
+MONARCH_PORT_NAME: Final = "monarch"
 #: The prefix of every worker input; the operator owns them all but USER_SETTABLE_VARS.
 RESERVED_PREFIX: Final = "MONARCH_SPMD_"
 #: Worker inputs a user may set in the ``trainer`` container's env (the user's value wins).

@@ -44,6 +44,11 @@ MONARCH_SPMD_POD_LAYOUT             ``PerProc`` (default),      ``PerHost``: thi
                                                                 coordinate but the last, and the
                                                                 worker runs the last dimension's
                                                                 procs as local processes
+MONARCH_SPMD_MODE                   ``Program`` (default),      ``Monarch``: this worker (PerHost)
+                                    ``Monarch``                 is a Monarch host: it serves
+                                                                Monarch's worker loop instead of
+                                                                running an argv (see below)
+MONARCH_SPMD_MONARCH_PORT           ``26600`` (default)         Monarch mode: the worker loop's port
 ==================================  ==========================  =====================================
 
 What it does, in order:
@@ -67,6 +72,14 @@ rank; the first child to fail stops its siblings (SIGTERM, SIGKILL after
 SIBLING_GRACE_SECONDS) and its exit code becomes the worker's, after a last line naming it
 (``monarch-spmd worker: rank R exited with code C ...``, also written to the termination
 message) so that the job's status names the rank, not only the pod. Signals reach every child.
+
+In Monarch mode (``MONARCH_SPMD_MODE=Monarch``, no argv) steps 3 and 4 are replaced: the worker
+runs Monarch's worker loop as its child (``python -c`` :data:`MONARCH_BOOTSTRAP`: this module
+never imports monarch; the image must have torchmonarch), listening on every interface at
+MONARCH_SPMD_MONARCH_PORT and advertising the pod's IP (POD_IP), until the pod is deleted. A
+Monarch client (``monarch_spmd.kubernetes.proc_mesh``) attaches to it and spawns the host's procs,
+which inherit the pod's environment without the MONARCH_SPMD_* inputs (as procs on one machine).
+Without torchmonarch the child exits 64 naming the interpreter, a permanent failure.
 """
 
 from __future__ import annotations
@@ -102,12 +115,19 @@ from .names import (
     COORDS_VAR,
     EX_TEMPFAIL,
     EX_USAGE,
+    DEFAULT_MONARCH_PORT,
     LOCAL_RANK_SCOPE_VAR,
     MASTER_ADDR_VAR,
+    MODE_MONARCH,
+    MODE_PROGRAM,
+    MODE_VAR,
+    MODES,
+    MONARCH_PORT_VAR,
     PER_HOST,
     PER_PROC,
     POD_LAYOUT_VAR,
     POD_LAYOUTS,
+    RESERVED_PREFIX,
     MASTER_PORT_VAR,
     MAX_RESTARTS_VAR,
     MESH_VAR,
@@ -130,6 +150,8 @@ INPUT_VARS: Final = (
     RENDEZVOUS_TIMEOUT_VAR,
     LOCAL_RANK_SCOPE_VAR,
     POD_LAYOUT_VAR,
+    MODE_VAR,
+    MONARCH_PORT_VAR,
 )
 
 DEFAULT_RUN_ID: Final = "none"
@@ -167,6 +189,8 @@ class WorkerInputs:
     rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT
     local_rank_scope: str = SCOPE_MESH
     pod_layout: str = PER_PROC
+    mode: str = MODE_PROGRAM
+    monarch_port: int = DEFAULT_MONARCH_PORT
 
     @property
     def local_procs(self) -> int:
@@ -196,12 +220,15 @@ def worker_input_env(
     rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT,
     local_rank_scope: str = SCOPE_MESH,
     pod_layout: str = PER_PROC,
+    mode: str = MODE_PROGRAM,
+    monarch_port: int = DEFAULT_MONARCH_PORT,
 ) -> dict[str, str]:
     """The MONARCH_SPMD_* variables for one proc: what the operator and the local runner inject.
 
     The inverse of :func:`read_inputs`; the arguments mean what the table in the module docstring
-    says. Values are checked by parsing the result back, so a bad argument raises
-    :class:`WorkerInputError` naming the variable.
+    says (MONARCH_SPMD_MODE and MONARCH_SPMD_MONARCH_PORT only in Monarch mode). Values are
+    checked by parsing the result back, so a bad argument raises :class:`WorkerInputError`
+    naming the variable.
     """
     env = {
         MESH_VAR: contract.format_mesh(mesh),
@@ -216,6 +243,9 @@ def worker_input_env(
         LOCAL_RANK_SCOPE_VAR: local_rank_scope,
         POD_LAYOUT_VAR: pod_layout,
     }
+    if mode != MODE_PROGRAM:
+        env[MODE_VAR] = mode
+        env[MONARCH_PORT_VAR] = str(monarch_port)
     read_inputs(env)
     return env
 
@@ -303,6 +333,12 @@ def read_inputs(environ: Mapping[str, str]) -> WorkerInputs:
         raise WorkerInputError(
             f"{LOCAL_RANK_SCOPE_VAR}: {scope!r} is not valid; expected one of {', '.join(LOCAL_RANK_SCOPES)}"
         )
+    mode = environ.get(MODE_VAR, "").strip() or MODE_PROGRAM
+    if mode not in MODES:
+        raise WorkerInputError(f"{MODE_VAR}: {mode!r} is not valid; expected one of {', '.join(MODES)}")
+    if mode == MODE_MONARCH and layout != PER_HOST:
+        raise WorkerInputError(f"{MODE_VAR}={mode} needs {POD_LAYOUT_VAR}={PER_HOST} (one Monarch host per worker)")
+    monarch_port = _int_var(environ, MONARCH_PORT_VAR, DEFAULT_MONARCH_PORT, 1, 65535)
     return WorkerInputs(
         mesh=mesh,
         coords=coords,
@@ -315,6 +351,8 @@ def read_inputs(environ: Mapping[str, str]) -> WorkerInputs:
         rendezvous_timeout=timeout,
         local_rank_scope=scope,
         pod_layout=layout,
+        mode=mode,
+        monarch_port=monarch_port,
     )
 
 
@@ -525,6 +563,63 @@ def run_host(inputs: WorkerInputs, command: Sequence[str], base: Mapping[str, st
     return 128 + received[0] if received and group.killed else 0
 
 
+#: The child a Monarch-mode worker runs (``python -c MONARCH_BOOTSTRAP ADDRESS``): Monarch's
+#: worker loop, as Monarch's own Kubernetes pods run it. torchmonarch 0.7.0 has no TLS for it
+#: (any other ``ca`` raises NotImplementedError). Without monarch it exits 64 (EX_USAGE).
+MONARCH_BOOTSTRAP: Final = f"""\
+import sys
+try:
+    from monarch.actor import run_worker_loop_forever
+except ImportError as e:
+    sys.stderr.write("{_PREFIX}: mode Monarch needs torchmonarch in the image: " + sys.executable
+                     + " cannot import monarch (" + str(e) + "); install it (pip install torchmonarch) "
+                     "or point spec.python at an interpreter that has it\\n")
+    sys.exit({EX_USAGE})
+run_worker_loop_forever(address=sys.argv[1], ca="trust_all_connections")
+"""
+
+
+def monarch_address(environ: Mapping[str, str], port: int) -> str:
+    """The worker loop's address: the pod's IP (POD_IP) advertised, every interface bound.
+
+    Monarch's form ``tcp://ADVERTISED:PORT@tcp://BIND:PORT``: clients and the other hosts dial the
+    pod IP, and the loop also answers on loopback (``kubectl port-forward``). Without POD_IP (not
+    in a pod) the address of the interface with the default route is advertised.
+    """
+    ip = environ.get("POD_IP", "").strip()
+    if not ip:
+        ip = "127.0.0.1"
+        for family, probe in ((socket.AF_INET, "192.0.2.1"), (socket.AF_INET6, "2001:db8::1")):
+            try:
+                with socket.socket(family, socket.SOCK_DGRAM) as s:
+                    s.connect((probe, 9))
+                    ip = str(s.getsockname()[0])
+                    break
+            except OSError:
+                continue
+    if ":" in ip:
+        return f"tcp://[{ip}]:{port}@tcp://[::]:{port}"
+    return f"tcp://{ip}:{port}@tcp://0.0.0.0:{port}"
+
+
+def run_monarch_host(inputs: WorkerInputs, base: Mapping[str, str]) -> int:
+    """Serves this pod as a Monarch host until it is stopped; returns the worker loop's exit code."""
+    address = monarch_address(base, inputs.monarch_port)
+    names = [n for n, _ in inputs.mesh]
+    host = contract.format_mesh(zip(names, inputs.coords)) or "the only host"
+    first = inputs.rank
+    _err(
+        f"Monarch host {host} (ranks {first}..{first + inputs.local_procs - 1}/{contract.world_size(inputs.mesh)}) "
+        f"of mesh {contract.format_mesh(inputs.mesh)}, restart {inputs.restart_count}/{inputs.max_restarts}, "
+        f"pid {os.getpid()}, serving Monarch's worker loop at {address.split('@', 1)[0]}"
+    )
+    # The procs a client spawns inherit the loop's environment: without the worker's own inputs
+    # (a Program-mode MASTER_ADDR, coordinates ...) they see what procs on one machine see, and
+    # SPMDActor gives them the contract from their mesh coordinates.
+    env = {k: v for k, v in base.items() if not k.startswith(RESERVED_PREFIX)}
+    return run_child([sys.executable, "-c", MONARCH_BOOTSTRAP, address], env)
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Runs the worker; returns the exit code (see the module docstring).
 
@@ -536,6 +631,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     base = dict(os.environ if environ is None else environ)
     try:
         inputs = read_inputs(base)
+        if inputs.mode == MODE_MONARCH:
+            if [a for a in args if a != "--"]:
+                raise WorkerInputError(f"argv: {MODE_VAR}={MODE_MONARCH} runs Monarch's worker loop and takes no argv; "
+                                       f"got {' '.join(args)}")
+            return run_monarch_host(inputs, base)
         command = command_for(args)
         env = build_env(inputs, base)
     except (WorkerInputError, ValueError) as e:

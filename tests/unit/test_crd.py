@@ -126,7 +126,9 @@ def test_only_the_pod_template_keeps_unknown_fields(openapi):
 
 def test_required_fields(openapi):
     assert openapi["required"] == ["spec"]
-    assert set(node_at(openapi, ".spec")["required"]) == {"mesh", "args", "image"}
+    # args: required by a rule on spec instead (mode Program needs it, mode Monarch refuses it)
+    assert set(node_at(openapi, ".spec")["required"]) == {"mesh", "image"}
+    assert [r["fieldPath"] for r in node_at(openapi, ".spec")["x-kubernetes-validations"]] == [".args", ".podLayout"]
     assert set(node_at(openapi, ".spec.mesh[]")["required"]) == {"name", "size"}
 
 

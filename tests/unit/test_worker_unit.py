@@ -67,6 +67,8 @@ def test_input_names_are_the_documented_ones():
         "MONARCH_SPMD_RENDEZVOUS_TIMEOUT",
         "MONARCH_SPMD_LOCAL_RANK_SCOPE",
         "MONARCH_SPMD_POD_LAYOUT",
+        "MONARCH_SPMD_MODE",
+        "MONARCH_SPMD_MONARCH_PORT",
     )
     for var in worker.INPUT_VARS:  # one table, in the module docstring
         assert var in worker.__doc__
@@ -152,7 +154,8 @@ def test_worker_input_env_round_trips():
         rendezvous_timeout=30,
         local_rank_scope="pod",
     )
-    assert set(env) == set(worker.INPUT_VARS)
+    # Every input but Monarch mode's own two, which a Program-mode worker is not given.
+    assert set(env) == set(worker.INPUT_VARS) - {worker.MODE_VAR, worker.MONARCH_PORT_VAR}
     assert env[worker.RENDEZVOUS_TIMEOUT_VAR] == "30"
     inputs = read_inputs(env)
     assert (inputs.rank, inputs.master_port, inputs.restart_count, inputs.local_rank_scope) == (3, 1234, 2, "pod")
