@@ -18,6 +18,10 @@ What a pod gets (docs/interfaces.md is the contract):
 * labels job, job-uid, (first) rank, restart and one ``coord-<dim>`` per coordinate; the owner
   reference of the job (controller), so deleting the job deletes the pod;
 * a memory-backed ``/dev/shm`` (``spec.shmSize`` its limit) unless the template mounts one;
+* Monarch mode (``spec.mode: Monarch``, always PerHost): command ``[spec.python, worker.py]``
+  without an argv and MONARCH_SPMD_MODE=Monarch, so the worker serves Monarch's worker loop; the
+  container port ``monarch`` (26600) and a TCP readiness probe on it, so the pod is Ready once the
+  loop listens (a port or probe the template sets stays the user's);
 * GPUs: ``gpusPerProc`` >= 1 sets the ``nvidia.com/gpu`` limit (times the host's procs in the
   PerHost layout). In the PerProc layout each such pod is its own torchrun node
   (MONARCH_SPMD_LOCAL_RANK_SCOPE=pod: LOCAL_RANK=0, LOCAL_WORLD_SIZE=1, as with
@@ -57,6 +61,16 @@ DOWNWARD_ENV: Final = (
     ("POD_IP", "status.podIP"),
     ("NODE_NAME", "spec.nodeName"),
 )
+#: Monarch mode: the worker loop's port, and the readiness probe that makes the pod Ready (and the
+#: job Running) only once the loop accepts connections.
+MONARCH_PORT: Final = names.DEFAULT_MONARCH_PORT
+MONARCH_PORT_NAME: Final = names.MONARCH_PORT_NAME
+MONARCH_READINESS_PROBE: Final = {
+    "tcpSocket": {"port": MONARCH_PORT_NAME},
+    "periodSeconds": 2,
+    "timeoutSeconds": 1,
+    "failureThreshold": 3,
+}
 
 
 def owner_reference(job: JobRef) -> dict[str, Any]:
@@ -206,6 +220,8 @@ def pod_env(job: JobRef, spec: JobSpec, index: int, restart: int) -> list[dict[s
         rendezvous_timeout=spec.rendezvous_timeout_seconds,
         local_rank_scope=policy.local_rank_scope(spec),
         pod_layout=spec.pod_layout,
+        mode=spec.mode,
+        monarch_port=MONARCH_PORT,
     )
     env: list[dict[str, Any]] = [
         {"name": var, "valueFrom": {"fieldRef": {"fieldPath": path}}} for var, path in DOWNWARD_ENV
@@ -251,6 +267,15 @@ def _shared_memory(pod_spec: dict[str, Any], trainer: dict[str, Any], spec: JobS
     trainer["volumeMounts"].append({"name": SHM_VOLUME, "mountPath": SHM_PATH})
 
 
+def _serve_monarch(trainer: dict[str, Any]) -> None:
+    """Monarch mode: the worker loop's container port and a readiness probe on it (in place)."""
+    ports = [dict(p) for p in trainer.get("ports") or []]
+    if not any(p.get("name") == MONARCH_PORT_NAME or p.get("containerPort") == MONARCH_PORT for p in ports):
+        ports.append({"name": MONARCH_PORT_NAME, "containerPort": MONARCH_PORT, "protocol": "TCP"})
+    trainer["ports"] = ports
+    trainer.setdefault("readinessProbe", copy.deepcopy(MONARCH_READINESS_PROBE))
+
+
 def build_pod(job: JobRef, spec: JobSpec, index: int, restart: int) -> dict[str, Any]:
     """Pod ``index`` of gang attempt ``restart``, merged with the user's pod template.
 
@@ -279,7 +304,11 @@ def build_pod(job: JobRef, spec: JobSpec, index: int, restart: int) -> dict[str,
     trainer: dict[str, Any] = copy.deepcopy(dict(containers[idx])) if idx is not None else {}
     trainer["name"] = names.CONTAINER_NAME
     trainer["image"] = spec.image
-    trainer["command"] = [spec.python, names.WORKER_SCRIPT, "--", *spec.args]
+    if spec.mode == names.MODE_MONARCH:
+        trainer["command"] = [spec.python, names.WORKER_SCRIPT]
+        _serve_monarch(trainer)
+    else:
+        trainer["command"] = [spec.python, names.WORKER_SCRIPT, "--", *spec.args]
     trainer.pop("args", None)
     trainer["env"] = _merge_env(pod_env(job, spec, index, restart), list(trainer.get("env") or []))
     mounts = [m for m in trainer.get("volumeMounts") or [] if m.get("name") != names.WORKER_VOLUME]

@@ -353,3 +353,48 @@ def test_a_per_host_service_selects_the_pod_of_rank_zero():
     svc = builders.build_service(JOB, s, 0)
     assert svc["spec"]["selector"].items() <= builders.build_pod(JOB, s, 0, 0)["metadata"]["labels"].items()
     assert not svc["spec"]["selector"].items() <= builders.build_pod(JOB, s, 1, 0)["metadata"]["labels"].items()
+
+
+def monarch_spec(**changes):
+    raw = {k: v for k, v in BASE.items() if k != "args"}
+    raw.update(mode="Monarch", podLayout="PerHost", **changes)
+    return parse_job_spec(raw, require_image=True)
+
+
+def test_a_monarch_pod_runs_the_worker_loop_on_its_port_with_a_readiness_probe():
+    s = monarch_spec(mesh=[{"name": "hosts", "size": 3}, {"name": "gpus", "size": 2}], python="/usr/bin/python3")
+    pod = builders.build_pod(JOB, s, 1, 2)
+    c = trainer(pod)
+    assert c["command"] == ["/usr/bin/python3", "/opt/monarch-spmd/payload/worker.py"], "no argv: the worker serves"
+    assert "args" not in c
+    assert c["ports"] == [{"name": "monarch", "containerPort": 26600, "protocol": "TCP"}]
+    assert c["readinessProbe"] == {"tcpSocket": {"port": "monarch"}, "periodSeconds": 2, "timeoutSeconds": 1,
+                                   "failureThreshold": 3}
+    # One pod per host, named and labelled as every PerHost pod: what the client selects.
+    assert pod["metadata"]["name"] == "hello-1234a-r2-1"
+    labels = pod["metadata"]["labels"]
+    assert (labels["spmd.monarch.dev/rank"], labels["spmd.monarch.dev/procs"], labels["spmd.monarch.dev/coord-hosts"],
+            labels["spmd.monarch.dev/restart"]) == ("2", "2", "1", "2")
+    inputs = worker.read_inputs({k: v for k, v in env_of(pod).items() if isinstance(v, str)})
+    assert (inputs.mode, inputs.monarch_port, inputs.pod_layout, inputs.coords) == ("Monarch", 26600, "PerHost", [1])
+    assert env_of(pod)["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}, "the address the loop advertises"
+    assert policy.pods_per_attempt(s) == 3
+
+
+def test_a_program_pod_has_no_monarch_port_probe_or_mode_variable():
+    c = trainer(builders.build_pod(JOB, spec(podLayout="PerHost"), 0, 0))
+    assert "ports" not in c and "readinessProbe" not in c
+    assert "MONARCH_SPMD_MODE" not in env_of(builders.build_pod(JOB, spec(), 0, 0))
+
+
+def test_a_monarch_pod_keeps_the_templates_own_port_and_probe():
+    probe = {"tcpSocket": {"port": 26600}, "initialDelaySeconds": 5}
+    template = {"spec": {"containers": [{"name": "trainer", "readinessProbe": probe,
+                                         "ports": [{"name": "metrics", "containerPort": 9090}]}]}}
+    c = trainer(builders.build_pod(JOB, monarch_spec(template=template), 0, 0))
+    assert c["readinessProbe"] == probe
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9090},
+                          {"name": "monarch", "containerPort": 26600, "protocol": "TCP"}]
+    named = {"spec": {"containers": [{"name": "trainer", "ports": [{"name": "monarch", "containerPort": 26600}]}]}}
+    assert trainer(builders.build_pod(JOB, monarch_spec(template=named), 0, 0))["ports"] == [
+        {"name": "monarch", "containerPort": 26600}]

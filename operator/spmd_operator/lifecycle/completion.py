@@ -1,13 +1,20 @@
-"""Success: the job succeeds when every rank of the current attempt exited 0."""
+"""Success: the job succeeds when every rank of the current attempt exited 0.
+
+A Monarch-mode job never succeeds: its pods serve a client until the job is deleted, suspended or
+out of time, and a pod that exits 0 is a lost host (:mod:`.failure`).
+"""
 
 from __future__ import annotations
 
+from .. import names
 from .model import EVENT_NORMAL, RESTARTING, RUNNING, SUCCEEDED, format_time
 from .status import Pass
 
 
 def succeeded(p: Pass) -> bool:
     """Marks the job Succeeded if every pod of the current attempt succeeded; True if so."""
+    if p.spec.mode == names.MODE_MONARCH:
+        return False
     current = p.current()
     n = p.pods_per_attempt
     if len(current) != n or not all(pod.phase == SUCCEEDED for pod in current.values()):

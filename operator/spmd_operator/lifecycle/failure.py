@@ -2,7 +2,8 @@
 
 A failure is a pod of the current attempt in phase Failed, a pod stuck on an image that can never
 be pulled, a pod being deleted (evicted, drained, ``kubectl delete``) before it finished, or,
-once the job is Running, a pod gone missing. Which one is the root cause: a permanent failure if
+once the job is Running, a pod gone missing; in Monarch mode also a pod whose worker loop exited
+0 (reason MonarchHostExited: its pods serve until the job ends). Which one is the root cause: a permanent failure if
 there is one, else a disruption (the cluster took a pod away; the other ranks' errors are its
 consequence), else the rank whose trainer terminated first. Whether it is permanent is
 :func:`monarch_spmd.policy.is_permanent`, the rule the local runner applies too.
@@ -27,6 +28,7 @@ from . import gang
 from .model import (
     FAILED,
     PENDING,
+    REASON_MONARCH_HOST_EXITED,
     REASON_POD_DELETED,
     REASON_POD_MISSING,
     REASON_SCHEDULING_TIMEOUT,
@@ -141,6 +143,13 @@ def failures(p: Pass) -> list[Failure]:
             reason = pod.reason or ("Error" if pod.exit_code else "Failed")
             out.append(Failure(failed_rank(p, pod), pod.name, pod.node, pod.exit_code, reason, pod.message,
                                policy.is_permanent(spec, pod.exit_code, reason), pod.disrupted, False,
+                               (0, pod.finished_at or "~", index)))
+        elif pod.phase == SUCCEEDED and spec.mode == names.MODE_MONARCH:
+            message = (pod.message or "") + ("\n" if pod.message else "") + (
+                "the Monarch worker loop exited 0 (a client shut the host mesh down?); a Monarch-mode pod "
+                "serves until the job is deleted, suspended or out of time")
+            out.append(Failure(pod.rank, pod.name, pod.node, pod.exit_code, REASON_MONARCH_HOST_EXITED, message,
+                               policy.is_permanent(spec, None, REASON_MONARCH_HOST_EXITED), False, False,
                                (0, pod.finished_at or "~", index)))
         elif pod.deleting and pod.phase != SUCCEEDED:
             reason = pod.reason if pod.disrupted and pod.reason else REASON_POD_DELETED

@@ -3,7 +3,8 @@
 Creating: a new job creates every pod of attempt 0 and goes Pending. A pod of a starting gang
 that goes missing is created again; once the job is Running a missing pod is a failure
 (:mod:`.failure`). The job is Running when every pod of the current attempt runs (or already
-succeeded); until then the Running condition says how many run and why the others wait (the
+succeeded); in Monarch mode when every pod is also Ready (its worker loop listens: a client may
+attach as soon as the job says Running); until then the Running condition says how many run and why the others wait (the
 scheduler's message, an image that cannot be pulled).
 
 Replacing (``spec.restartPolicy.podReplacementPolicy``): every pod of the failed attempt is
@@ -122,13 +123,22 @@ def progress(p: Pass) -> None:
         if missing and not (p.phase == RESTARTING and _old_pods_block(p)):
             p.create_pods(missing, p.restart)
     started = len(current) == pods and all(pod.phase in (RUNNING, SUCCEEDED) for pod in current.values())
-    if started:
+    monarch = p.spec.mode == names.MODE_MONARCH
+    unready = started and monarch and p.phase != RUNNING and not all(pod.ready for pod in current.values())
+    if unready:
+        ready = sum(1 for pod in current.values() if pod.ready)
+        p.condition(RUNNING, "False", "WaitingForMonarchHosts",
+                    f"{ready}/{pods} pods Ready: waiting for every pod's Monarch worker loop to listen "
+                    f"(its readiness probe, port {names.MONARCH_PORT_NAME})")
+    elif started:
         if p.phase != RUNNING:
             p.new["phase"] = RUNNING
             every = p.spec.world_size
-            p.condition(RUNNING, "True", "AllProcsRunning", f"all {every} procs are running (attempt {p.restart})")
+            what = (f"all {pods} Monarch hosts are ready for a client ({every} procs)" if monarch
+                    else f"all {every} procs are running")
+            p.condition(RUNNING, "True", "AllProcsRunning", f"{what} (attempt {p.restart})")
             p.clear(RESTARTING, "AllProcsRunning", f"attempt {p.restart} is running")
-            p.event(EVENT_NORMAL, "Running", f"all {every} procs are running (attempt {p.restart})")
+            p.event(EVENT_NORMAL, "Running", f"{what} (attempt {p.restart})")
     elif current:
         _waiting(p, current)
     p.counts(current)

@@ -33,6 +33,9 @@ REASON_POD_DELETED: Final = "PodDeleted"
 REASON_POD_MISSING: Final = "PodMissing"
 #: A pod of the job could not be scheduled within spec.scheduling.timeoutSeconds.
 REASON_SCHEDULING_TIMEOUT: Final = "SchedulingTimeout"
+#: Monarch mode: a host's worker loop exited 0 (a client shut the host mesh down). A Monarch-mode
+#: pod serves until the job ends, so this is a lost host, never success (always retryable).
+REASON_MONARCH_HOST_EXITED: Final = "MonarchHostExited"
 
 EVENT_NORMAL: Final = "Normal"
 EVENT_WARNING: Final = "Warning"
@@ -64,6 +67,8 @@ class PodInfo:
             drained or lost): a failure the cluster caused, which does not use up maxRestarts.
         unschedulable: the scheduler's message while the pod cannot be placed.
         created: when the pod was created (RFC 3339): how long it has been waiting.
+        ready: the pod's condition Ready is True (Monarch mode: its worker loop accepts
+            connections, as its readiness probe found).
     """
 
     name: str
@@ -79,6 +84,7 @@ class PodInfo:
     disrupted: bool = False
     unschedulable: str | None = None
     created: str | None = None
+    ready: bool = False
 
     @property
     def finished(self) -> bool:
@@ -142,6 +148,7 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo | None:
         disrupted=disrupted,
         unschedulable=unschedulable,
         created=meta.get("creationTimestamp"),
+        ready=_condition(status, "Ready").get("status") == "True",
     )
 
 
