@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from devcluster.localcluster import REPO_ROOT
+from monarch_spmd import spec
 from tests.e2e.conftest import apply, get_job, job_manifest, job_pods, pod_names, wait_job, wait_phase
 
 pytestmark = pytest.mark.cluster
@@ -188,3 +189,30 @@ def test_the_api_server_refuses_a_monarch_job_with_args_or_one_pod_per_proc(runn
     done = apply(c, namespace, changed, check=False)
     assert done.returncode != 0 and "spec.mode is immutable" in done.stderr, done.stderr
     wait_job(c, namespace, "fixed", lambda j: j.get("status", {}).get("phase") == "Suspended", 60, "Suspended")
+
+
+@pytest.mark.parametrize(("changes", "valid"), [
+    ({}, True),
+    ({"args": ["-m", "train"]}, False),
+    ({"args": []}, False),
+    ({"args": None}, True),                        # null is pruned: no args
+    ({"podLayout": "PerProc"}, False),
+    ({"podLayout": None}, False),                  # defaults to PerProc
+    ({"mode": "Program"}, False),                  # Program needs args
+    ({"mode": "Program", "args": ["x.py"]}, True),
+    ({"mode": None, "args": ["x.py"], "podLayout": None}, True),   # the defaults: Program, PerProc
+    ({"mode": "monarch"}, False),
+    ({"mesh": [{"name": "gpus", "size": 4}]}, True),                # one host, no host dimension
+    ({"template": {"spec": {"containers": [{"name": "trainer", "args": ["x"]}]}}}, False),
+])
+def test_the_validator_and_the_api_server_agree_on_monarch_mode(operator, namespace, changes, valid):
+    """The parity test (test_spec_parity.py) starts from Program-mode manifests; these start from
+    Monarch mode's. A server-side dry run: nothing is created."""
+    manifest = monarch_job("agree")
+    manifest["spec"].update(changes)
+
+    _, errors = spec.check_manifest(manifest)
+    server = operator.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(manifest),
+                              check=False)
+    assert (not errors) == valid, [str(e) for e in errors]
+    assert (server.returncode == 0) == valid, server.stderr
