@@ -286,6 +286,11 @@ def find_hosts(job: str, namespace: str | None = None, *, timeout: float = DEFAU
     while True:
         try:
             body = custom.get_namespaced_custom_object(names.GROUP, names.VERSION, namespace, names.PLURAL, job)
+            pods: list[Any] = []
+            if (body.get("status") or {}).get("phase") == "Running":
+                selector = f"{names.LABEL_JOB}={job},{names.LABEL_JOB_UID}={body['metadata']['uid']}"
+                found = core.list_namespaced_pod(namespace, label_selector=selector).items
+                pods = api_client.sanitize_for_serialization(found)
         except ApiException as err:
             if err.status == 404:
                 raise MonarchJobError(key, "not found; create it first (kubectl apply -f ...)") from None
@@ -293,10 +298,6 @@ def find_hosts(job: str, namespace: str | None = None, *, timeout: float = DEFAU
                 raise MonarchJobError(key, f"reading it is not allowed ({err.status} {err.reason}): the client "
                                            "needs get on spmdjobs and list on pods in the namespace") from None
             raise
-        pods: list[Any] = []
-        if (body.get("status") or {}).get("phase") == "Running":
-            selector = f"{names.LABEL_JOB}={job},{names.LABEL_JOB_UID}={body['metadata']['uid']}"
-            pods = api_client.sanitize_for_serialization(core.list_namespaced_pod(namespace, label_selector=selector).items)
         hosts = hosts_of(body, pods)  # raises for a job that cannot serve
         if hosts is not None:
             closed = [a for a in hosts.addresses if not _listening(a)]

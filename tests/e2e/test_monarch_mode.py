@@ -25,8 +25,9 @@ import time
 from typing import Any
 
 import pytest
+from kubernetes import client
 
-from devcluster.localcluster import REPO_ROOT
+from devcluster.localcluster import PROCESS_NODE, REPO_ROOT
 from monarch_spmd import spec
 from tests.e2e.conftest import apply, get_job, job_manifest, job_pods, pod_names, wait_job, wait_phase
 
@@ -156,6 +157,44 @@ def test_a_pod_lost_under_an_attached_client_is_an_error_a_gang_restart_then_a_n
     assert out["sizes"] == {"hosts": 2, "gpus": 2} and out["allreduce"] == [10.0] * 4
     print(f"lost host: client error {out['seconds']:.1f}s after the call began "
           f"({client.steps['done'] - deleted:.1f}s from the deletion to the end), new mesh in {out['again_seconds']:.1f}s")
+
+
+def test_a_client_in_a_pod_of_the_cluster(running_operator, namespace):
+    """The same client as a pod: in-cluster credentials (its service account, allowed to get
+    spmdjobs and list pods by a Role), the pods reached, and reaching it, on the pod network."""
+    c = running_operator
+    rbac = client.RbacAuthorizationV1Api(c.api_client())
+    rbac.create_namespaced_role(namespace, {
+        "metadata": {"name": "monarch-client"},
+        "rules": [{"apiGroups": ["spmd.monarch.dev"], "resources": ["spmdjobs"], "verbs": ["get"]},
+                  {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]})
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": "monarch-client"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "monarch-client"},
+        "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}]})
+    apply(c, namespace, monarch_job("inpod"))
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "client"},
+           "spec": {"restartPolicy": "Never", "nodeSelector": {"kubernetes.io/hostname": PROCESS_NODE},
+                    "containers": [{"name": "client", "image": "python:3.11-slim",
+                                    "command": ["python3", "-m", "tests.e2e.monarch_client", "runs", "inpod", namespace],
+                                    "env": [{"name": "PYTHONPATH", "value": str(REPO_ROOT)},
+                                            {"name": "PYTHONUNBUFFERED", "value": "1"}]}]}}
+    c.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(pod))
+    core = client.CoreV1Api(c.api_client())
+    deadline = time.monotonic() + 300
+    while (phase := core.read_namespaced_pod("client", namespace).status.phase) not in ("Succeeded", "Failed"):
+        assert time.monotonic() < deadline, f"client pod still {phase}"
+        time.sleep(1)
+    log = c.pod_log(namespace, "client")
+    assert phase == "Succeeded", log[-6000:]
+    out: dict[str, Any] = {}
+    for line in log.splitlines():
+        if line.startswith("RESULT "):
+            out.update(json.loads(line[len("RESULT "):]))
+    assert out["sizes"] == {"hosts": 2, "gpus": 2}
+    assert out["allreduce"] == [10.0] * 4 and out["returned"] == [True] * 4
+    client_ip = core.read_namespaced_pod("client", namespace).status.pod_ip
+    assert {w["env"]["MASTER_ADDR"] for w in out["where"]} != {client_ip}, "the master is a host, not the client"
 
 
 def test_a_client_is_told_what_a_job_it_cannot_use_is(running_operator, namespace):
