@@ -7,7 +7,8 @@ shaped as the job's mesh from ``monarch_spmd.kubernetes.proc_mesh``, and runs
 ``setup_torch_elastic_env``, a gloo all_reduce across the pods and ``SPMDActor.main`` on it again
 and again, on the same pods. A pod deleted under an attached client gives the client Monarch's
 error naming the lost host (not a hang), the job a gang restart, and a new ``proc_mesh`` works on
-the new pods.
+the new pods. The same client also runs as a pod of the cluster, with its service account's
+credentials.
 
 The process node has no probes: it reports a pod Ready as soon as its container runs, so
 ``proc_mesh`` also waits for each worker loop's port to accept connections (a kubelet's TCP
