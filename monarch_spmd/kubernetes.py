@@ -135,7 +135,7 @@ class JobHosts:
 # --- Kubernetes: find the hosts --------------------------------------------------------------------
 
 
-def _load_config(kubeconfig: str | None) -> tuple[Any, str]:
+def _load_config(kubeconfig: str | None, job: str) -> tuple[Any, str]:
     """The API client and the default namespace: a kubeconfig (``kubeconfig``, $KUBECONFIG or
     ~/.kube/config), else the pod's service account."""
     from kubernetes import client, config
@@ -147,11 +147,11 @@ def _load_config(kubeconfig: str | None) -> tuple[Any, str]:
         namespace = ((active or {}).get("context") or {}).get("namespace") or "default"
     except (ConfigException, OSError) as err:
         if kubeconfig:
-            raise MonarchJobError("?", f"cannot load kubeconfig {kubeconfig}: {err}") from None
+            raise MonarchJobError(job, f"cannot load kubeconfig {kubeconfig}: {err}") from None
         try:
             config.load_incluster_config()
         except ConfigException:
-            raise MonarchJobError("?", f"no Kubernetes configuration ({err}); pass kubeconfig= or set KUBECONFIG") from None
+            raise MonarchJobError(job, f"no Kubernetes configuration ({err}); pass kubeconfig= or set KUBECONFIG") from None
         try:
             with open(_SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as f:
                 namespace = f.read().strip() or "default"
@@ -276,7 +276,7 @@ def find_hosts(job: str, namespace: str | None = None, *, timeout: float = DEFAU
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
-    api_client, default_namespace = _load_config(kubeconfig)
+    api_client, default_namespace = _load_config(kubeconfig, job)
     namespace = namespace or default_namespace
     key = f"{namespace}/{job}"
     custom, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
