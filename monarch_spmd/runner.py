@@ -95,6 +95,10 @@ def check_local(job: LocalJob) -> tuple[dict[str, str], list[str]]:
         LocalRunError: for ``spec.suspend: true`` and env the cluster must supply, naming the field.
     """
     s = job.spec
+    if s.mode == spec.MODE_MONARCH:
+        raise LocalRunError("spec.mode: Monarch serves Monarch's worker loop in pods for a client "
+                            "(monarch_spmd.kubernetes.proc_mesh); on this machine, spawn the procs with "
+                            "monarch.actor.this_host().spawn_procs instead, or run a Program-mode job")
     if s.suspend:
         raise LocalRunError("spec.suspend: true holds the job until a cluster (Kueue) releases it; "
                             "there is nothing to hold locally: set it to false to run here")

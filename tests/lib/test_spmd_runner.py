@@ -315,3 +315,14 @@ def test_a_failing_proc_of_a_per_host_worker_fails_the_gang():
     assert result.returncode == 5, out
     assert "monarch-spmd worker: rank 3 exited with code 5 (local rank 1)" in out
     assert "the worker of ranks 2..3 exited with code 5; stopping the other ranks" in out
+
+
+def test_a_monarch_mode_job_is_refused_locally_naming_the_field(tmp_path):
+    job = manifest_file(tmp_path, """\
+        mesh: [{name: hosts, size: 1}, {name: gpus, size: 2}]
+        mode: Monarch
+        podLayout: PerHost
+        image: i
+        """)
+    result = run(cli_cmd("run", "-f", job))
+    assert result.returncode == 2 and "spec.mode: Monarch" in result.stderr, result.stderr
