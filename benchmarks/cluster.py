@@ -127,6 +127,63 @@ def pod_placement() -> dict:
     return {"tolerations": [dict(KWOK_TOLERATION)], "nodeSelector": dict(KWOK_NODE_SELECTOR)}
 
 
+def kwok_pod_stages_without_completion() -> str:
+    """kwok's own default pod stages (v0.7.0, ``kustomize/stage/pod/fast``) less ``pod-complete``,
+    which makes every pod owned by a Job Succeeded as soon as it runs. Training pods run until
+    the training ends; a JobSet's pods are owned by a Job, and completing them at once would make
+    its Job controller remove N tracking finalizers (N more requests) and its job finish."""
+    import json as _json
+
+    out = subprocess.run(["go", "mod", "download", "-json", "sigs.k8s.io/kwok@v0.7.0"], check=True,
+                         capture_output=True, text=True, env=dict(os.environ, GOFLAGS="-mod=mod"))
+    fast = Path(_json.loads(out.stdout)["Dir"]) / "kustomize" / "stage" / "pod" / "fast"
+    return "\n---\n".join((fast / f).read_text() for f in ("pod-ready.yaml", "pod-delete.yaml"))
+
+
+def _kwok_nodes_class():
+    """Defined on first use: devcluster.kwoknodes imports the kubernetes client, which the floor's
+    client process (it imports this module) should not pay for."""
+    from devcluster.controlplane import die_with_parent
+    from devcluster.kwoknodes import KWOK_ANNOTATION, POD_CIDR, KwokNodes, fake_node
+
+    class _Nodes(KwokNodes):
+        """devcluster's kwok nodes, whose pods never complete by themselves (see
+        :func:`kwok_pod_stages_without_completion`); otherwise the same start-up."""
+
+        def start(self, timeout: float = 60.0) -> None:
+            from kubernetes import client, config
+            from kubernetes.client.rest import ApiException
+
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            cfg = self.state_dir / "kwok.yaml"
+            cfg.write_text(kwok_pod_stages_without_completion())
+            with open(self.state_dir / "kwok.log", "ab") as log:
+                self.process = subprocess.Popen(
+                    [str(self.bin_dir / "kwok"), f"--kubeconfig={self.kubeconfig}",
+                     f"--config={cfg}", "--manage-all-nodes=false",
+                     f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
+                     f"--cidr={POD_CIDR}", "--node-lease-duration-seconds=40"],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True, preexec_fn=die_with_parent)
+            core = client.CoreV1Api(config.new_client_from_config(str(self.kubeconfig)))
+            for name in self.names:
+                try:
+                    core.create_node(fake_node(name, **self.capacity))
+                except ApiException as err:
+                    if err.status != 409:
+                        raise
+            deadline = time.monotonic() + timeout
+            while not all(self._ready(core, name) for name in self.names):
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"kwok exited with {self.process.returncode}; "
+                                       f"see {self.state_dir / 'kwok.log'}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"kwok nodes not Ready after {timeout}s")
+                time.sleep(0.5)
+
+    return _Nodes
+
+
 @contextlib.contextmanager
 def bench_cluster(kubeconfig: str | os.PathLike | None = None, kwok_nodes: int = 4,
                   state_dir: str | os.PathLike | None = None,
@@ -135,7 +192,8 @@ def bench_cluster(kubeconfig: str | os.PathLike | None = None, kwok_nodes: int =
     """A cluster with kwok nodes: the one `kubeconfig` names (e.g. the `cluster` test fixture's,
     or one from `python -m devcluster up`), or, without one, the test cluster's control plane
     and `kwok_nodes` kwok nodes of `kwok_pods` pods each started here (no process node: nothing
-    here runs a real container)."""
+    here runs a real container). On the nodes started here no pod completes by itself, not even
+    a Job's (kwok's default makes those Succeeded at once)."""
     state = Path(state_dir or tempfile.mkdtemp(prefix="spmd-bench-"))
     state.mkdir(parents=True, exist_ok=True)
     if kubeconfig:
@@ -145,7 +203,6 @@ def bench_cluster(kubeconfig: str | os.PathLike | None = None, kwok_nodes: int =
     sys.path.insert(0, str(REPO))
     from devcluster.binaries import ensure_binaries
     from devcluster.controlplane import ControlPlane
-    from devcluster.kwoknodes import KwokNodes
 
     bin_dir = ensure_binaries()
     cp = ControlPlane(bin_dir, state / "cluster")
@@ -154,7 +211,7 @@ def bench_cluster(kubeconfig: str | os.PathLike | None = None, kwok_nodes: int =
     try:
         # Room for the largest job (the callers size it: every trial's namespace is gone before
         # the next starts, but a gang restart with TerminatingOrFailed holds two gangs at once).
-        nodes = KwokNodes(bin_dir, cp.kubeconfig, state / "kwok", count=kwok_nodes, pods=kwok_pods)
+        nodes = _kwok_nodes_class()(bin_dir, cp.kubeconfig, state / "kwok", count=kwok_nodes, pods=kwok_pods)
         nodes.start()
         yield Cluster(cp.kubeconfig, bin_dir, state, kube.Kube(cp.kubeconfig), control_plane=cp)
     finally:
