@@ -150,13 +150,13 @@ class Bridge:
         subprocess.run(["ip", "link", "del", self.name], capture_output=True)
 
 
-class ApiProxy:
-    """Forwards TCP from <gateway>:<port> to the API server on 127.0.0.1:<port>."""
+class TcpForwarder:
+    """Forwards each TCP connection accepted on ``server`` to 127.0.0.1:<upstream>."""
 
-    def __init__(self, listen_host: str, port: int) -> None:
-        self.port = port
-        self._server = socket.create_server((listen_host, port))
-        threading.Thread(target=self._accept, daemon=True, name="api-proxy").start()
+    def __init__(self, server: socket.socket, upstream: int, name: str) -> None:
+        self.upstream = upstream
+        self._server = server
+        threading.Thread(target=self._accept, daemon=True, name=name).start()
 
     def _accept(self) -> None:
         while True:
@@ -165,7 +165,7 @@ class ApiProxy:
             except OSError:
                 return  # closed
             try:
-                upstream = socket.create_connection(("127.0.0.1", self.port))
+                upstream = socket.create_connection(("127.0.0.1", self.upstream))
             except OSError:
                 conn.close()
                 continue
@@ -188,6 +188,14 @@ class ApiProxy:
 
     def close(self) -> None:
         self._server.close()
+
+
+class ApiProxy(TcpForwarder):
+    """Forwards TCP from <gateway>:<port> to the API server on 127.0.0.1:<port>."""
+
+    def __init__(self, listen_host: str, port: int) -> None:
+        self.port = port
+        super().__init__(socket.create_server((listen_host, port)), port, "api-proxy")
 
 
 class ClusterDNS:

@@ -49,7 +49,7 @@ import yaml
 from kubernetes import client, config
 
 from devcluster.controlplane import SERVICE_CIDR, die_with_parent, free_port, stop_process_group
-from devcluster.podnetwork import ApiProxy
+from devcluster.podnetwork import TcpForwarder
 
 log = logging.getLogger("realnode")
 
@@ -137,30 +137,11 @@ def in_netns(netns: str, fn: Any) -> Any:
     return out["value"]
 
 
-class NetnsProxy:
+class NetnsProxy(TcpForwarder):
     """Forwards TCP from <address>:<port> inside a network namespace to 127.0.0.1:<upstream>."""
 
     def __init__(self, netns: str, address: str, port: int, upstream: int) -> None:
-        self.upstream = upstream
-        self._server = in_netns(netns, lambda: socket.create_server((address, port)))
-        threading.Thread(target=self._accept, daemon=True, name="netns-proxy").start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._server.accept()
-            except OSError:
-                return  # closed
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.upstream))
-            except OSError:
-                conn.close()
-                continue
-            for a, b in ((conn, upstream), (upstream, conn)):
-                threading.Thread(target=ApiProxy._pipe, args=(a, b), daemon=True).start()
-
-    def close(self) -> None:
-        self._server.close()
+        super().__init__(in_netns(netns, lambda: socket.create_server((address, port))), upstream, "netns-proxy")
 
 
 class Slot:

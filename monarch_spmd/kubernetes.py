@@ -60,6 +60,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from . import kubeconfig as kubeconfig_rule
 from .payload import names
 
 __all__ = [
@@ -80,7 +81,6 @@ DEFAULT_TIMEOUT: Final = 300.0
 DEFAULT_HOST_FAILURE_TIMEOUT: Final = 10.0
 #: Every how many seconds the job and its pods are read while waiting.
 POLL_SECONDS: Final = 0.5
-_SERVICE_ACCOUNT_NAMESPACE: Final = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 #: The label Monarch gives the one dimension of a mesh from attach_to_workers.
 _MONARCH_HOSTS_LABEL: Final = "hosts"
 
@@ -136,28 +136,11 @@ class JobHosts:
 
 
 def _load_config(kubeconfig: str | None, job: str) -> tuple[Any, str]:
-    """The API client and the default namespace: a kubeconfig (``kubeconfig``, $KUBECONFIG or
-    ~/.kube/config), else the pod's service account."""
-    from kubernetes import client, config
-    from kubernetes.config.config_exception import ConfigException
-
+    """The API client and the default namespace (the rule of :mod:`monarch_spmd.kubeconfig`)."""
     try:
-        config.load_kube_config(config_file=kubeconfig)
-        _, active = config.list_kube_config_contexts(config_file=kubeconfig)
-        namespace = ((active or {}).get("context") or {}).get("namespace") or "default"
-    except (ConfigException, OSError) as err:
-        if kubeconfig:
-            raise MonarchJobError(job, f"cannot load kubeconfig {kubeconfig}: {err}") from None
-        try:
-            config.load_incluster_config()
-        except ConfigException:
-            raise MonarchJobError(job, f"no Kubernetes configuration ({err}); pass kubeconfig= or set KUBECONFIG") from None
-        try:
-            with open(_SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as f:
-                namespace = f.read().strip() or "default"
-        except OSError:
-            namespace = "default"
-    return client.ApiClient(), namespace
+        return kubeconfig_rule.load(kubeconfig, how_to_name="pass kubeconfig= or set KUBECONFIG")
+    except kubeconfig_rule.ConfigError as err:
+        raise MonarchJobError(job, str(err)) from None
 
 
 def _ready(pod: Mapping[str, Any]) -> bool:

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any, Final
 
+from . import kubeconfig as kubeconfig_rule
 from .payload.names import GROUP, PLURAL, VERSION
 from .payload.names import LABEL_JOB as JOB_LABEL
 from .payload.names import LABEL_PROCS as PROCS_LABEL
@@ -287,28 +288,10 @@ class _Output:
 
 def _load_config(kubeconfig: str | None) -> tuple[Any, str]:
     """Loads the client configuration; returns ``(ApiClient, default namespace)``."""
-    from kubernetes import client, config
-    from kubernetes.config.config_exception import ConfigException
-
     try:
-        config.load_kube_config(config_file=kubeconfig)
-        _, active = config.list_kube_config_contexts(config_file=kubeconfig)
-        namespace = ((active or {}).get("context") or {}).get("namespace") or "default"
-    except (ConfigException, OSError) as err:
-        if kubeconfig:
-            raise LogsError(f"cannot load kubeconfig {kubeconfig}: {err}") from None
-        try:
-            config.load_incluster_config()
-        except ConfigException:
-            raise LogsError(
-                f"no Kubernetes configuration: {err}; pass --kubeconfig PATH or set KUBECONFIG"
-            ) from None
-        try:
-            with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace", encoding="utf-8") as f:
-                namespace = f.read().strip() or "default"
-        except OSError:
-            namespace = "default"
-    return client.ApiClient(), namespace
+        return kubeconfig_rule.load(kubeconfig)
+    except kubeconfig_rule.ConfigError as err:
+        raise LogsError(str(err)) from None
 
 
 def _api_error(err: Any, what: str) -> LogsError:
@@ -491,19 +474,7 @@ def run(opts: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``monarch-spmd logs`` (``argv`` without the ``logs`` word); returns the exit code."""
-    opts = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        return run(opts, sys.stdout, sys.stderr)
-    except LogsError as err:
-        sys.stderr.write(f"{_PROG}: error: {err}\n")
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    except ImportError as err:
-        sys.stderr.write(
-            f"{_PROG}: error: {err.name or err} is not installed; pip install 'monarch-spmd[cli]'\n"
-        )
-        return 1
+    return kubeconfig_rule.run_command(_PROG, sys.argv[1:] if argv is None else argv, parse_args, run, LogsError)
 
 
 if __name__ == "__main__":

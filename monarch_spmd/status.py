@@ -35,6 +35,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Any, Final
 
+from . import kubeconfig as kubeconfig_rule
 from .payload.names import GROUP, KIND, PLURAL, VERSION
 
 _PROG: Final = "monarch-spmd status"
@@ -353,11 +354,9 @@ def job_events(api_client: Any, job: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def run(opts: argparse.Namespace, stdout: IO[str], stderr: IO[str], now: dt.datetime | None = None) -> int:
     """Runs the command with parsed options; returns the exit code."""
-    from .logs import LogsError, _load_config  # one kubeconfig rule for both commands
-
     try:
-        api_client, default_ns = _load_config(opts.kubeconfig)
-    except LogsError as err:
+        api_client, default_ns = kubeconfig_rule.load(opts.kubeconfig)
+    except kubeconfig_rule.ConfigError as err:
         raise StatusError(str(err)) from None
     namespace = None if opts.all_namespaces else (opts.namespace or default_ns)
     now = now or dt.datetime.now(dt.timezone.utc)
@@ -378,17 +377,7 @@ def run(opts: argparse.Namespace, stdout: IO[str], stderr: IO[str], now: dt.date
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``monarch-spmd status`` (``argv`` without the ``status`` word); returns the exit code."""
-    opts = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        return run(opts, sys.stdout, sys.stderr)
-    except StatusError as err:
-        sys.stderr.write(f"{_PROG}: error: {err}\n")
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    except ImportError as err:
-        sys.stderr.write(f"{_PROG}: error: {err.name or err} is not installed; pip install 'monarch-spmd[cli]'\n")
-        return 1
+    return kubeconfig_rule.run_command(_PROG, sys.argv[1:] if argv is None else argv, parse_args, run, StatusError)
 
 
 if __name__ == "__main__":
