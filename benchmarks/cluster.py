@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -501,12 +502,8 @@ class JobSetOperator(Controller):
         ca_crt, ca_key = _self_signed_ca(state / "ca")
         cert_dir = state / "certs"
 
-        class _CA:  # what serving_certificate reads
-            pass
-
-        ca = _CA()
-        ca.ca_crt, ca.ca_key = ca_crt, ca_key
-        serving_certificate(ca, cert_dir)
+        # serving_certificate reads only the CA's two files from the Certificates it is given.
+        serving_certificate(types.SimpleNamespace(ca_crt=ca_crt, ca_key=ca_key), cert_dir)
         self.ca_bundle = ca_crt.read_bytes()
         self.webhook_port, self.probe_port = free_port(), free_port()
         cfg = state / "config.yaml"

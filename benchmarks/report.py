@@ -16,6 +16,10 @@ from benchmarks.common import OUT_DIR
 SECTIONS = (
     ("launch_overhead", "Launch overhead", launch_overhead.render),
     ("operator_scale", "Operator scale", operator_scale.render),
+    # Written by runs given --json benchmarks/out/operator_scale_<what>.json (RESULTS.md):
+    ("operator_scale_spmdjob", "Operator scale, SPMDJob against the floor", operator_scale.render),
+    ("operator_scale_jobset", "Operator scale, JobSet against the floor", operator_scale.render),
+    ("operator_scale_profile", "Operator scale, the profiled run", operator_scale.render),
     ("gang_restart", "Gang restart", gang_restart.render),
 )
 
@@ -24,7 +28,8 @@ def main() -> int:
     for name, title, render in SECTIONS:
         path = OUT_DIR / f"{name}.json"
         if not path.exists():
-            print(f"## {title}\n\n(no results: run `python -m benchmarks.{name}`)\n")
+            if "_" not in name.removeprefix("operator_scale"):
+                print(f"## {title}\n\n(no results: run `python -m benchmarks.{name}`)\n")
             continue
         data = json.loads(path.read_text())
         print(f"## {title}\n\n`{data['command']}`\n\n```\n{render(data)}\n```\n")
