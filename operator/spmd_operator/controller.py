@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import datetime as dt
 import logging
 import os
@@ -60,11 +61,28 @@ CREATED_MEMORY_SECONDS: Final = 30.0
 CHILD_MEMORY_SECONDS: Final = 3.0
 #: Waits after a failed pass, growing to the last one.
 ERROR_BACKOFF_SECONDS: Final = (2.0, 5.0, 15.0, 30.0, 60.0)
+#: A status patch that only moves progress (running counts, a waiting message) is written at most
+#: this often per job; every transition (phase, attempt, failure, a condition's status or reason)
+#: is written at once. Keeps the API requests of a 4,096-pod start-up near one per pod.
+PROGRESS_SECONDS: Final = 5.0
+_PROGRESS_KEYS: Final = frozenset({"running", "succeeded", "failed", "message", "conditions"})
 #: `kubectl describe`'s "From" column of the Events the operator posts.
 COMPONENT: Final = "spmdjob-operator"
 EVENT_MESSAGE_CHARS: Final = 1024
 
 JobKey = tuple[str, str]
+
+
+def only_progress(status: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
+    """Whether a status patch only moves progress: counts, the message, condition messages."""
+    if not set(patch) <= _PROGRESS_KEYS:
+        return False
+    if "conditions" in patch:
+        def gist(conditions: Any) -> dict[Any, tuple[Any, Any]]:
+            return {c.get("type"): (c.get("status"), c.get("reason")) for c in conditions or []}
+        if gist(status.get("conditions")) != gist(patch["conditions"]):
+            return False
+    return True
 
 
 class JobGone(Exception):
@@ -93,6 +111,7 @@ class JobLoop:
     rejection: str | None = None
     created: dict[str, float] = field(default_factory=dict)
     foreign_reported: set[str] = field(default_factory=set)
+    status_written: float | None = None
 
     @property
     def uid(self) -> str:
@@ -352,16 +371,28 @@ class Controller:
         plan = lifecycle.reconcile(o)
         if plan.pods_lost and plan.status and await self._namespace_terminating(o.job.namespace):
             raise JobGone(f"namespace {o.job.namespace} is being deleted")
-        await self._carry_out(loop, o, plan)
-        return plan.requeue_after
+        deferred = await self._carry_out(loop, o, plan)
+        waits = [t for t in (plan.requeue_after, deferred) if t is not None]
+        return min(waits) if waits else None
 
     async def _namespace_terminating(self, namespace: str) -> bool:
         body = await self.api.get(kube.namespace_url(namespace))
         return body is None or bool((body.get("metadata") or {}).get("deletionTimestamp"))
 
-    async def _carry_out(self, loop: JobLoop, o: lifecycle.Observed, plan: lifecycle.Plan) -> None:
+    async def _carry_out(self, loop: JobLoop, o: lifecycle.Observed, plan: lifecycle.Plan) -> float | None:
+        """Writes the plan; returns seconds until a deferred progress-only status patch is due."""
         job = o.job
         ns = job.namespace
+        clock = asyncio.get_running_loop().time()
+        if plan.status and only_progress(o.status, plan.status) and loop.status_written is not None:
+            left = loop.status_written + PROGRESS_SECONDS - clock
+            if left > 0:
+                plan = dataclasses.replace(plan, status={})
+                deferred: float | None = left
+            else:
+                deferred = None
+        else:
+            deferred = None
         if plan.status:
             try:
                 patched = await self.api.patch(kube.job_url(ns, job.name, "status"), {"status": plan.status})
@@ -370,6 +401,7 @@ class Controller:
                     raise JobGone("it no longer exists on the server") from e
                 raise
             loop.wrote(patched)
+            loop.status_written = clock
             self.metrics.transition(o.status, plan.status, (loop.body.get("metadata") or {}).get("creationTimestamp"), o.now)
         if plan.delete_job:
             await self._post_events(loop, plan.events)
@@ -390,7 +422,7 @@ class Controller:
         ])
         if isinstance(spec, SpecError):
             await self._post_events(loop, plan.events)
-            return
+            return deferred
         self._forget_old_creations(loop)
         writes: list[Awaitable[Any]] = []
         if plan.configmap:
@@ -409,8 +441,9 @@ class Controller:
             # patch, Events in the order things happened); this pass's Events are not posted.
             loop.rejection = rejected
             loop.wake.set()
-            return
+            return deferred
         await self._post_events(loop, plan.events)
+        return deferred
 
     async def _workload_conditions(self, o: lifecycle.Observed, conditions: Mapping[str, tuple[str, str, str]],
                                    extra: Mapping[str, Any] | None = None) -> None:
@@ -492,14 +525,20 @@ class Controller:
         ns = job.namespace
         clock = asyncio.get_running_loop().time()
         ranks = [r for r in plan.create if names.pod_name(job, plan.restart, r) not in loop.created]
-        pods = [builders.build_pod(job, spec, rank, plan.restart) for rank in ranks]
-        for pod in pods:
-            builders.place_on_flavors(pod, flavors)
-        results = await asyncio.gather(*(self.api.create(kube.pods_url(ns), pod) for pod in pods),
-                                       return_exceptions=True)
+        # A pod is built only when its request may go: thousands of pod bodies never sit in memory
+        # at once, and the server's answer (the pod again) is not decoded.
+        gate = asyncio.Semaphore(self.api.concurrency)
+
+        async def create(rank: int) -> Any:
+            async with gate:
+                pod = builders.build_pod(job, spec, rank, plan.restart)
+                builders.place_on_flavors(pod, flavors)
+                return await self.api.create(kube.pods_url(ns), pod, keep=False)
+
+        results = await asyncio.gather(*(create(r) for r in ranks), return_exceptions=True)
         taken: list[str] = []
-        for pod, result in zip(pods, results):
-            name = pod["metadata"]["name"]
+        for rank, result in zip(ranks, results):
+            name = names.pod_name(job, plan.restart, rank)
             if isinstance(result, kube.KubeError) and result.status in (400, 422):
                 return f"the API server rejected pod {name}: {result.message}"
             if result is None:

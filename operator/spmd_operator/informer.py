@@ -148,14 +148,21 @@ class Informer(Generic[T]):
         if entry is not None:
             self.tombstones.setdefault(key, {})[name] = (entry[2], entry[3], asyncio.get_running_loop().time())
 
-    def _replace(self, scope: str | None, items: list[dict[str, Any]], keys: Iterable[JobKey] | None = None) -> set[JobKey]:
-        """Makes the store hold exactly ``items`` for ``scope`` (or only for ``keys``)."""
+    async def _summaries(self, path: str, label_selector: str) -> tuple[dict[JobKey, dict[str, tuple[str | None, T]]], str]:
+        """The summaries of a fresh list of ``path``, page by page, and the list's resourceVersion."""
         fresh: dict[JobKey, dict[str, tuple[str | None, T]]] = {}
-        for body in items:
-            entry = self._entry(body)
-            if entry is not None:
-                key, name, owner, summary = entry
-                fresh.setdefault(key, {})[name] = (owner, summary)
+        version = ""
+        async for items, version in self.api.pages(path, label_selector=label_selector):
+            for body in items:
+                entry = self._entry(body)
+                if entry is not None:
+                    key, name, owner, summary = entry
+                    fresh.setdefault(key, {})[name] = (owner, summary)
+        return fresh, version
+
+    def _replace(self, scope: str | None, fresh: dict[JobKey, dict[str, tuple[str | None, T]]],
+                 keys: Iterable[JobKey] | None = None) -> set[JobKey]:
+        """Makes the store hold exactly ``fresh`` for ``scope`` (or only for ``keys``)."""
         if keys is not None:
             affected = set(keys)
         else:
@@ -174,8 +181,8 @@ class Informer(Generic[T]):
     async def refresh(self, key: JobKey, uid: str) -> list[T]:
         """Re-reads the children of job ``key`` from the server (the resync), then returns them."""
         namespace, job = key
-        items, _ = await self.api.list(self.collection(namespace), label_selector=f"{names.LABEL_JOB}={job}")
-        changed = self._replace(namespace, items, keys=[key])
+        fresh, _ = await self._summaries(self.collection(namespace), f"{names.LABEL_JOB}={job}")
+        changed = self._replace(namespace, fresh, keys=[key])
         if changed:
             logger.info("%s of %s/%s: the server's list differed from the watch's view; corrected", self.name, *key)
         return self.get(key, uid)
@@ -187,8 +194,8 @@ class Informer(Generic[T]):
         while True:
             try:
                 if not version:
-                    items, version = await self.api.list(path, label_selector=names.LABEL_JOB)
-                    changed = self._replace(scope, items)
+                    fresh, version = await self._summaries(path, names.LABEL_JOB)
+                    changed = self._replace(scope, fresh)
                     self._listed.add(scope)
                     if len(self._listed) == len(self.scopes):
                         self.ready.set()

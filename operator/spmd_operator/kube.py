@@ -140,7 +140,8 @@ class Kube:
     def __init__(self, api: k8s_client.ApiClient, concurrency: int = DEFAULT_CONCURRENCY,
                  observe: Observer | None = None) -> None:
         self._api = api
-        self._limit = asyncio.Semaphore(max(1, concurrency))
+        self.concurrency = max(1, concurrency)
+        self._limit = asyncio.Semaphore(self.concurrency)
         self.observe = observe
 
     @classmethod
@@ -179,8 +180,9 @@ class Kube:
         )
 
     async def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
-                      body: Any = None, content_type: str = "application/json") -> Any:
-        """One request; returns the decoded JSON answer. Retries 429, 5xx and lost connections.
+                      body: Any = None, content_type: str = "application/json", decode: bool = True) -> Any:
+        """One request; returns the decoded JSON answer (``decode=False``: True, the answer unread).
+        Retries 429, 5xx and lost connections.
 
         Raises:
             KubeError: any other failure, or the last one once the retries are used up.
@@ -190,14 +192,17 @@ class Kube:
             try:
                 response = await self._send(method, path, query=query, body=body, content_type=content_type)
                 async with response:
-                    text = await response.text()
                     status = response.status
+                    raw = await response.read()  # read whole, so that the connection is reused
+                text = raw.decode("utf-8", "replace") if decode or not 200 <= status < 300 else ""
             except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
                 self._count(verb, 0)
                 error = KubeError(0, f"{method} {path} failed: {e!r}", path=path)
             else:
                 self._count(verb, status)
                 if 200 <= status < 300:
+                    if not decode:
+                        return True
                     return json.loads(text) if text else {}
                 error = _error(status, text, path)
                 if status != 429 and status < 500:
@@ -216,25 +221,37 @@ class Kube:
                 return None
             raise
 
-    async def list(self, path: str, *, label_selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
-        """Every object of the collection ``path`` (paged), and the list's resourceVersion."""
-        items: list[dict[str, Any]] = []
-        query: dict[str, Any] = {"limit": 500}
+    async def pages(self, path: str, *, label_selector: str | None = None,
+                    limit: int = 500) -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
+        """The collection ``path`` a page at a time: ``(items, resourceVersion of the list)``.
+
+        A caller that keeps only a summary of each object never holds thousands of them at once.
+        """
+        query: dict[str, Any] = {"limit": limit}
         if label_selector:
             query["labelSelector"] = label_selector
         while True:
             page = await self.request("GET", path, query=query)
-            items.extend(page.get("items") or [])
             meta = page.get("metadata") or {}
+            yield page.get("items") or [], str(meta.get("resourceVersion") or "")
             if not meta.get("continue"):
-                return items, str(meta.get("resourceVersion") or "")
+                return
             query["continue"] = meta["continue"]
 
-    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
-        """POSTs ``body`` to the collection ``path``; the created object, or None if the name is taken (409)."""
+    async def list(self, path: str, *, label_selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
+        """Every object of the collection ``path`` (paged), and the list's resourceVersion."""
+        items: list[dict[str, Any]] = []
+        version = ""
+        async for page, version in self.pages(path, label_selector=label_selector):
+            items.extend(page)
+        return items, version
+
+    async def create(self, path: str, body: Mapping[str, Any], *, keep: bool = True) -> Any:
+        """POSTs ``body`` to the collection ``path``; the created object (``keep=False``: True), or
+        None if the name is taken (409). Not keeping the answer saves decoding thousands of pods."""
         async with self._limit:
             try:
-                return await self.request("POST", path, body=dict(body))
+                return await self.request("POST", path, body=dict(body), decode=keep)
             except KubeError as e:
                 if e.status == 409 and e.reason == "AlreadyExists":
                     return None

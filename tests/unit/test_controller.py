@@ -39,7 +39,9 @@ class FakeApi:
         if errors:
             raise errors.pop(0)
 
-    async def create(self, path, body):
+    concurrency = 8
+
+    async def create(self, path, body, *, keep=True):
         self.calls.append(("create", path, body["metadata"].get("name")))
         collection = path.rsplit("/", 1)[-1]
         self._maybe_fail("create", collection)
@@ -71,6 +73,10 @@ class FakeApi:
         items = [copy.deepcopy(o) for (p, _), o in self.objects.items()
                  if p == path and (not key or o["metadata"].get("labels", {}).get(key) == value)]
         return items, "1"
+
+    async def pages(self, path, *, label_selector=None, limit=500):
+        items, version = await self.list(path, label_selector=label_selector)
+        yield items, version
 
     async def patch(self, path, patch):
         self.calls.append(("patch", path, None))
@@ -286,3 +292,32 @@ def test_resync_reads_the_job_and_ends_the_loop_of_a_deleted_one():
     api.job["metadata"]["uid"] = "another"  # deleted, and created again under the same name
     with pytest.raises(controller.JobGone):
         asyncio.run(c.resync(loop))
+
+
+def test_only_progress_tells_counts_from_transitions():
+    running = {"conditions": [{"type": "Running", "status": "False", "reason": "WaitingForProcs", "message": "1/4"}]}
+    assert controller.only_progress(running, {"running": 2, "message": "2/4 procs running", "conditions": [
+        {"type": "Running", "status": "False", "reason": "WaitingForProcs", "message": "2/4"}]})
+    assert not controller.only_progress(running, {"conditions": [
+        {"type": "Running", "status": "False", "reason": "Unschedulable", "message": "0/5 nodes"}]})
+    assert not controller.only_progress(running, {"phase": "Running"})
+    assert not controller.only_progress(running, {"running": 4, "failure": None})
+
+
+def test_progress_only_status_is_written_at_most_every_few_seconds_transitions_at_once():
+    api = FakeApi(job_body())
+    c, loop = make(api)
+    run_pass(c, loop)  # the first pass: Pending, written
+    sync_informers(c, api)
+    run_pass(c, loop)  # the pods exist: the Running condition appears (False), written
+    pods = [o for (p, _), o in api.objects.items() if p.endswith("/pods")]
+    c.pods._put({**pods[0], "status": {"phase": "Running"}}, set())
+    patches = lambda: [v for v, path, _ in api.calls if path.endswith("/status")]
+    before = len(patches())
+    delay = asyncio.run(c.reconcile_once(loop, now=NOW))
+    assert len(patches()) == before, "1/4 running is progress: not written within PROGRESS_SECONDS"
+    assert 0 < delay <= controller.PROGRESS_SECONDS
+    for pod in pods:
+        c.pods._put({**pod, "status": {"phase": "Running"}}, set())
+    run_pass(c, loop)
+    assert len(patches()) == before + 1 and api.job["status"]["phase"] == "Running", "a transition is written at once"

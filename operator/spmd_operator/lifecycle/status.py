@@ -121,6 +121,7 @@ class Pass:
         self.delete_job = False
         self.requeue: list[float] = []
         self.pods_lost = False
+        self._current: tuple[int, dict[int, PodInfo]] | None = None
 
     # --- views of the observed pods --------------------------------------------------------
 
@@ -143,15 +144,18 @@ class Pass:
         return f"rank {index}" if n == 1 else f"pod {index} (ranks {index * n}..{index * n + n - 1})"
 
     def current(self) -> dict[int, PodInfo]:
-        """The pods of the current attempt, by index."""
-        n, per = self.pods_per_attempt, self.procs_per_pod
-        return {p.rank // per: p for p in self.o.pods
-                if p.restart == self.restart and 0 <= p.rank < n * per and p.rank % per == 0}
+        """The pods of the current attempt, by index (worked out once per attempt a pass looks at)."""
+        if self._current is None or self._current[0] != self.restart:
+            n, per = self.pods_per_attempt, self.procs_per_pod
+            pods = {p.rank // per: p for p in self.o.pods
+                    if p.restart == self.restart and 0 <= p.rank < n * per and p.rank % per == 0}
+            self._current = (self.restart, pods)
+        return dict(self._current[1])
 
     def stale(self) -> list[PodInfo]:
         """Pods of other attempts (older ones, or ranks outside the mesh)."""
-        current = {p.name for p in self.current().values()}
-        return [p for p in self.o.pods if p.name not in current]
+        current = {id(p) for p in self.current().values()}
+        return [p for p in self.o.pods if id(p) not in current]
 
     # --- decisions ------------------------------------------------------------------------
 
