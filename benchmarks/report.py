@@ -19,6 +19,7 @@ SECTIONS = (
     # Written by runs given --json benchmarks/out/operator_scale_<what>.json (RESULTS.md):
     ("operator_scale_spmdjob", "Operator scale, SPMDJob against the floor", operator_scale.render),
     ("operator_scale_jobset", "Operator scale, JobSet against the floor", operator_scale.render),
+    ("operator_scale_pytorchjob", "Operator scale, PyTorchJob against the floor", operator_scale.render),
     ("operator_scale_profile", "Operator scale, the profiled run", operator_scale.render),
     ("gang_restart", "Gang restart", gang_restart.render),
 )
