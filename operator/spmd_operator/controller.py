@@ -66,6 +66,7 @@ ERROR_BACKOFF_SECONDS: Final = (2.0, 5.0, 15.0, 30.0, 60.0)
 #: is written at once. Keeps the API requests of a 4,096-pod start-up near one per pod.
 PROGRESS_SECONDS: Final = 5.0
 _PROGRESS_KEYS: Final = frozenset({"running", "succeeded", "failed", "message", "conditions"})
+_SETTLED_PHASES: Final = frozenset({lifecycle.SUCCEEDED, lifecycle.FAILED, lifecycle.SUSPENDED})
 #: `kubectl describe`'s "From" column of the Events the operator posts.
 COMPONENT: Final = "spmdjob-operator"
 EVENT_MESSAGE_CHARS: Final = 1024
@@ -77,6 +78,8 @@ def only_progress(status: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
     """Whether a status patch only moves progress: counts, the message, condition messages."""
     if not set(patch) <= _PROGRESS_KEYS:
         return False
+    if status.get("phase") in _SETTLED_PHASES:
+        return False  # a finished or suspended job's counts are final: written at once
     if "conditions" in patch:
         def gist(conditions: Any) -> dict[Any, tuple[Any, Any]]:
             return {c.get("type"): (c.get("status"), c.get("reason")) for c in conditions or []}

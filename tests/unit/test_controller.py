@@ -302,6 +302,8 @@ def test_only_progress_tells_counts_from_transitions():
         {"type": "Running", "status": "False", "reason": "Unschedulable", "message": "0/5 nodes"}]})
     assert not controller.only_progress(running, {"phase": "Running"})
     assert not controller.only_progress(running, {"running": 4, "failure": None})
+    # A finished job's last counts (its pods stopped after the transition) are not held back.
+    assert not controller.only_progress({**running, "phase": "Failed"}, {"running": 0})
 
 
 def test_progress_only_status_is_written_at_most_every_few_seconds_transitions_at_once():
