@@ -144,43 +144,14 @@ def kwok_pod_stages_without_completion() -> str:
 def _kwok_nodes_class():
     """Defined on first use: devcluster.kwoknodes imports the kubernetes client, which the floor's
     client process (it imports this module) should not pay for."""
-    from devcluster.controlplane import die_with_parent
-    from devcluster.kwoknodes import KWOK_ANNOTATION, POD_CIDR, KwokNodes, fake_node
+    from devcluster.kwoknodes import KwokNodes
 
     class _Nodes(KwokNodes):
         """devcluster's kwok nodes, whose pods never complete by themselves (see
         :func:`kwok_pod_stages_without_completion`); otherwise the same start-up."""
 
-        def start(self, timeout: float = 60.0) -> None:
-            from kubernetes import client, config
-            from kubernetes.client.rest import ApiException
-
-            self.state_dir.mkdir(parents=True, exist_ok=True)
-            cfg = self.state_dir / "kwok.yaml"
-            cfg.write_text(kwok_pod_stages_without_completion())
-            with open(self.state_dir / "kwok.log", "ab") as log:
-                self.process = subprocess.Popen(
-                    [str(self.bin_dir / "kwok"), f"--kubeconfig={self.kubeconfig}",
-                     f"--config={cfg}", "--manage-all-nodes=false",
-                     f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
-                     f"--cidr={POD_CIDR}", "--node-lease-duration-seconds=40"],
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True, preexec_fn=die_with_parent)
-            core = client.CoreV1Api(config.new_client_from_config(str(self.kubeconfig)))
-            for name in self.names:
-                try:
-                    core.create_node(fake_node(name, **self.capacity))
-                except ApiException as err:
-                    if err.status != 409:
-                        raise
-            deadline = time.monotonic() + timeout
-            while not all(self._ready(core, name) for name in self.names):
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"kwok exited with {self.process.returncode}; "
-                                       f"see {self.state_dir / 'kwok.log'}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"kwok nodes not Ready after {timeout}s")
-                time.sleep(0.5)
+        def stages(self) -> str:
+            return kwok_pod_stages_without_completion()
 
     return _Nodes
 

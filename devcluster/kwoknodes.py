@@ -66,11 +66,15 @@ class KwokNodes:
         self.capacity = {"cpu": cpu, "memory": memory, "pods": pods, "gpus": gpus}
         self.process: subprocess.Popen | None = None
 
+    def stages(self) -> str:
+        """kwok's configuration: no stages of our own, so kwok's defaults (pods become Running)."""
+        return ""
+
     def start(self, timeout: float = 60.0) -> None:
         """Start kwok, create the nodes and wait until every one is Ready."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         cfg = self.state_dir / "kwok.yaml"
-        cfg.write_text("")  # no stages of our own: kwok's defaults (pods become Running)
+        cfg.write_text(self.stages())
         with open(self.state_dir / "kwok.log", "ab") as log:
             self.process = subprocess.Popen(
                 [str(self.bin_dir / "kwok"), f"--kubeconfig={self.kubeconfig}",
