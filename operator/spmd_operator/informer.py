@@ -72,6 +72,8 @@ class Informer(Generic[T]):
         self.ready = asyncio.Event()
         self._listed: set[str | None] = set()
         self._tasks: list[asyncio.Task[None]] = []
+        # One set per refresh in flight: the children the watch changed while it was listing.
+        self._refreshing: list[set[tuple[JobKey, str]]] = []
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -134,11 +136,15 @@ class Informer(Generic[T]):
         if children.get(name) != (owner, summary):
             children[name] = (owner, summary)
             changed.add(key)
+        for touched in self._refreshing:
+            touched.add((key, name))
 
     def _drop(self, body: Mapping[str, Any], changed: set[JobKey]) -> None:
         meta = body.get("metadata") or {}
         key = (meta.get("namespace") or "", (meta.get("labels") or {}).get(names.LABEL_JOB) or "")
         name = str(meta.get("name", ""))
+        for touched in self._refreshing:
+            touched.add((key, name))
         children = self.store.get(key)
         if children is not None and children.pop(name, None) is not None:
             changed.add(key)
@@ -179,10 +185,28 @@ class Informer(Generic[T]):
         return changed
 
     async def refresh(self, key: JobKey, uid: str) -> list[T]:
-        """Re-reads the children of job ``key`` from the server (the resync), then returns them."""
+        """Re-reads the children of job ``key`` from the server (the resync), then returns them.
+
+        The list is a snapshot taken when it began; a child the watch changed (or deleted) while
+        the list was read keeps the watch's state, which is as new or newer: replacing it with the
+        snapshot would undo an event the watch will not deliver again (at 4,096 pods, a LIST of
+        two seconds turned a hundred Running pods back into Pending until the next resync).
+        """
         namespace, job = key
-        fresh, _ = await self._summaries(self.collection(namespace), f"{names.LABEL_JOB}={job}")
-        changed = self._replace(namespace, fresh, keys=[key])
+        touched: set[tuple[JobKey, str]] = set()
+        self._refreshing.append(touched)
+        try:
+            fresh, _ = await self._summaries(self.collection(namespace), f"{names.LABEL_JOB}={job}")
+        finally:
+            self._refreshing.remove(touched)
+        listed = fresh.get(key, {})
+        held = self.store.get(key, {})
+        for name in {name for k, name in touched if k == key}:
+            if name in held:
+                listed[name] = held[name]
+            else:
+                listed.pop(name, None)
+        changed = self._replace(namespace, {key: listed} if listed else {}, keys=[key])
         if changed:
             logger.info("%s of %s/%s: the server's list differed from the watch's view; corrected", self.name, *key)
         return self.get(key, uid)
