@@ -89,6 +89,49 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _load_async_client_without_models() -> None:
+    """Loads the parts of ``kubernetes_asyncio`` the operator and kopf's login use (its
+    Configuration, ApiClient, REST client and config loaders) without the package's ``__init__``
+    files, which import every API class and all 768 object models (about 35 MiB the operator never
+    uses: it sends and reads raw JSON). Falls back to the plain import if the package's layout is
+    not the one expected.
+    """
+    import importlib
+    import importlib.util
+    import types
+
+    if "kubernetes_asyncio" in sys.modules:
+        return
+    spec = importlib.util.find_spec("kubernetes_asyncio")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    root = list(spec.submodule_search_locations)[0]
+    before = set(sys.modules)
+
+    def package(name: str, path: str) -> types.ModuleType:
+        module = types.ModuleType(name)
+        module.__path__ = [path]
+        module.__spec__ = importlib.util.spec_from_loader(name, loader=None, is_package=True)
+        module.__spec__.submodule_search_locations = [path]
+        sys.modules[name] = module
+        return module
+
+    try:
+        top = package("kubernetes_asyncio", root)
+        client = package("kubernetes_asyncio.client", os.path.join(root, "client"))
+        top.client = client  # type: ignore[attr-defined]
+        client.models = package("kubernetes_asyncio.client.models", os.path.join(root, "client", "models"))  # type: ignore[attr-defined]
+        for sub in ("exceptions", "configuration", "rest", "api_client"):
+            setattr(client, sub, importlib.import_module(f"kubernetes_asyncio.client.{sub}"))
+        client.Configuration = client.configuration.Configuration  # type: ignore[attr-defined]
+        client.ApiClient = client.api_client.ApiClient  # type: ignore[attr-defined]
+        client.ApiException = client.exceptions.ApiException  # type: ignore[attr-defined]
+        top.config = importlib.import_module("kubernetes_asyncio.config")  # type: ignore[attr-defined]
+    except Exception:  # another layout: forget the partial load and import the package whole
+        for name in set(sys.modules) - before:
+            del sys.modules[name]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the operator until it is stopped (SIGTERM/SIGINT); returns the exit code."""
     args = parse_args(argv)
@@ -97,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # start-up). The operator passes none of their objects to kopf: keep kopf from loading them.
     for unused in ("kubernetes", "pykube"):
         sys.modules.setdefault(unused, None)  # type: ignore[arg-type]
+    _load_async_client_without_models()
     import kopf
 
     from . import handlers  # noqa: F401  (registers the handlers)
