@@ -134,13 +134,13 @@ def _load_async_client_without_models() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the operator until it is stopped (SIGTERM/SIGINT); returns the exit code."""
+    _load_async_client_without_models()  # first: parse_args already imports the client (leader)
     args = parse_args(argv)
     # kopf recognises the objects of three client libraries when they are installed, and imports
     # them whole to do so (the synchronous `kubernetes` client alone is 30 MiB and a second of
     # start-up). The operator passes none of their objects to kopf: keep kopf from loading them.
     for unused in ("kubernetes", "pykube"):
         sys.modules.setdefault(unused, None)  # type: ignore[arg-type]
-    _load_async_client_without_models()
     import kopf
 
     from . import handlers  # noqa: F401  (registers the handlers)
