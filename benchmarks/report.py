@@ -17,6 +17,9 @@ SECTIONS = (
     ("launch_overhead", "Launch overhead", launch_overhead.render),
     ("operator_scale", "Operator scale", operator_scale.render),
     # Written by runs given --json benchmarks/out/operator_scale_<what>.json (RESULTS.md):
+    ("operator_scale_final1024", "Operator scale, final, N = 1,024: SPMDJob, PyTorchJob, the floor", operator_scale.render),
+    ("operator_scale_final4096", "Operator scale, final, N = 4,096: SPMDJob, the floor", operator_scale.render),
+    ("gang_restart_final", "Gang restart, final", gang_restart.render),
     ("operator_scale_spmdjob", "Operator scale, SPMDJob against the floor", operator_scale.render),
     ("operator_scale_jobset", "Operator scale, JobSet against the floor", operator_scale.render),
     ("operator_scale_pytorchjob", "Operator scale, PyTorchJob against the floor", operator_scale.render),
