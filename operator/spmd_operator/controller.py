@@ -387,15 +387,11 @@ class Controller:
         job = o.job
         ns = job.namespace
         clock = asyncio.get_running_loop().time()
+        deferred: float | None = None
         if plan.status and only_progress(o.status, plan.status) and loop.status_written is not None:
             left = loop.status_written + PROGRESS_SECONDS - clock
             if left > 0:
-                plan = dataclasses.replace(plan, status={})
-                deferred: float | None = left
-            else:
-                deferred = None
-        else:
-            deferred = None
+                plan, deferred = dataclasses.replace(plan, status={}), left
         if plan.status:
             try:
                 patched = await self.api.patch(kube.job_url(ns, job.name, "status"), {"status": plan.status})

@@ -238,14 +238,6 @@ class Kube:
                 return
             query["continue"] = meta["continue"]
 
-    async def list(self, path: str, *, label_selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
-        """Every object of the collection ``path`` (paged), and the list's resourceVersion."""
-        items: list[dict[str, Any]] = []
-        version = ""
-        async for page, version in self.pages(path, label_selector=label_selector):
-            items.extend(page)
-        return items, version
-
     async def create(self, path: str, body: Mapping[str, Any], *, keep: bool = True) -> Any:
         """POSTs ``body`` to the collection ``path``; the created object (``keep=False``: True), or
         None if the name is taken (409). Not keeping the answer saves decoding thousands of pods."""

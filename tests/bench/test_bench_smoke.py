@@ -113,26 +113,27 @@ def bench_env(cluster) -> Iterator[dict[str, str]]:
             cluster.start_operator("--liveness", f"http://127.0.0.1:{_free_port()}/healthz")
 
 
+def _built(script: Path, *expected: str) -> Path:
+    """Runs a build script (cached per machine; minutes the first time); returns the folder it
+    printed last, after checking that ``expected`` files are in it."""
+    result = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=3600)
+    assert result.returncode == 0, f"{script.name} failed:\n{result.stderr[-5000:]}"
+    home = Path(result.stdout.strip().splitlines()[-1])
+    for path in expected:
+        assert (home / path).exists(), f"{script.name} did not leave {path} in {home}"
+    return home
+
+
 @pytest.fixture(scope="session")
 def pytorchjob_build() -> Path:
-    """Kubeflow's training-operator, built once per machine (cached; minutes the first time)."""
-    result = subprocess.run(["bash", str(BUILD_PYTORCHJOB)], capture_output=True, text=True, timeout=3600)
-    assert result.returncode == 0, f"build-pytorchjob.sh failed:\n{result.stderr[-5000:]}"
-    home = Path(result.stdout.strip().splitlines()[-1])
-    assert (home / "bin" / "training-operator.v1").exists()
-    assert (home / "crds" / "kubeflow.org_pytorchjobs.yaml").exists()
-    return home
+    """Kubeflow's training-operator."""
+    return _built(BUILD_PYTORCHJOB, "bin/training-operator.v1", "crds/kubeflow.org_pytorchjobs.yaml")
 
 
 @pytest.fixture(scope="session")
 def jobset_build() -> Path:
-    """JobSet's controller manager, built once per machine (cached; minutes the first time)."""
-    result = subprocess.run(["bash", str(BUILD_JOBSET)], capture_output=True, text=True, timeout=3600)
-    assert result.returncode == 0, f"build-jobset.sh failed:\n{result.stderr[-5000:]}"
-    home = Path(result.stdout.strip().splitlines()[-1])
-    assert (home / "bin" / "jobset-manager").exists()
-    assert (home / "crds" / "jobset.x-k8s.io_jobsets.yaml").exists()
-    return home
+    """JobSet's controller manager."""
+    return _built(BUILD_JOBSET, "bin/jobset-manager", "crds/jobset.x-k8s.io_jobsets.yaml")
 
 
 @pytest.mark.cluster
