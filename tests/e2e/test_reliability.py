@@ -30,6 +30,8 @@ RESTART = "spmd.monarch.dev/restart"
 SLEEP = ["-m", "tests.programs.fail_once", "--rank", "99", "--sleep", "600"]
 #: A pass follows within seconds; a stale view is corrected by the next resync at the latest.
 CONVERGE = RESYNC_SECONDS + 20
+#: Bound on kube-controller-manager's garbage collection after an API server restart.
+GC_AFTER_OUTAGE = 120
 
 
 def running_pods(c, namespace, name, restart=None):
@@ -81,8 +83,13 @@ def test_job_deleted_and_job_created_around_an_outage(running_operator, namespac
     # outage on its own back-off, binds the pods when it can.
     wait_until(lambda: len(job_pods(c, namespace, "newborn")) == 4, CONVERGE, "the new job's pods created")
     wait_phase(c, namespace, "newborn", "Running", timeout=120)
-    # The deleted job's pods go (garbage collection) and nothing recreates them.
-    wait_until(lambda: not job_pods(c, namespace, "doomed"), CONVERGE, "the deleted job's pods gone")
+    # The deleted job's pods go (garbage collection) and nothing recreates them. The garbage
+    # collector of kube-controller-manager, not the operator, deletes them, and after an API server
+    # restart it cannot map SPMDJob owners ("unable to get REST mapping") until its periodic
+    # re-discovery: that can take longer than the operator's resync, hence its own bound.
+    began = time.monotonic()
+    wait_until(lambda: not job_pods(c, namespace, "doomed"), GC_AFTER_OUTAGE, "the deleted job's pods gone")
+    print(f"the deleted job's pods collected {time.monotonic() - began:.1f}s after the new job ran")
     time.sleep(RESYNC_SECONDS + 2)
     assert not job_pods(c, namespace, "doomed"), "a loop of the deleted job created pods again"
 
