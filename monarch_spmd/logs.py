@@ -10,13 +10,19 @@ Kubernetes through the ``kubernetes`` Python client, imported inside functions s
     monarch-spmd logs JOB [-n NAMESPACE] [--rank R ...] [-f] [--restart N] [--tail N]
                           [--container NAME] [--kubeconfig PATH]
 
-It finds the job's pods by the label ``spmd.monarch.dev/job=JOB``, keeps those of one gang
-attempt (``spmd.monarch.dev/restart``; the job's current one, ``status.restarts``, unless
+It reads the job, then finds its pods by the job's uid (the label ``spmd.monarch.dev/job-uid``
+and the controller owner reference: never by name alone, so the pods a deleted namesake left
+behind are never shown), keeps those of one gang attempt (``spmd.monarch.dev/restart``; the job's current one, ``status.restarts``, unless
 ``--restart`` names another) and of the ranks asked for (``--rank``, repeatable, ``0,2`` and
 ``4-7`` allowed), and prints every line of the ``trainer`` container as ``[rank R] line``.
 Without ``--follow`` each rank's log is printed whole, in rank order; with it, it waits for the
 pods to exist, then one thread per pod streams its log and lines are printed as they arrive
-(whole lines only, never mixed), until every container has ended or Ctrl-C.
+(whole lines only, never mixed), until every container has ended or Ctrl-C. The log of a
+failed job ends, on standard error, with the per-rank table of ``monarch-spmd status JOB`` and a
+last line naming the rank that failed first (:func:`monarch_spmd.status.rank_table`).
+
+Short flags follow kubectl (``-n``, ``-f``); the rank has no short flag: ``-r`` is torchrun's
+``--redirects`` in ``monarch-spmd run``, so ``-r`` here is refused with a message naming ``--rank``.
 
 The pure parts (argument parsing, pod selection, line splitting and prefixing) are functions and
 a small class with plain values in and out; the unit tests exercise them without a cluster.
@@ -33,8 +39,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any, Final
 
 from . import kubeconfig as kubeconfig_rule
+from . import status as status_view
 from .payload.names import GROUP, PLURAL, VERSION
 from .payload.names import LABEL_JOB as JOB_LABEL
+from .payload.names import LABEL_JOB_UID as JOB_UID_LABEL
 from .payload.names import LABEL_PROCS as PROCS_LABEL
 from .payload.names import LABEL_RANK as RANK_LABEL
 from .payload.names import LABEL_RESTART as RESTART_LABEL
@@ -42,6 +50,9 @@ from .payload.names import TRAINER_CONTAINER as CONTAINER
 
 #: Seconds between looks for pods that do not exist, or containers that have not started, yet.
 POLL_SECONDS: Final = 1.0
+#: After following every rank to its end: how long to wait for the operator to say how the job
+#: ended (its phase), for the failure summary.
+SUMMARY_WAIT_SECONDS: Final = 15.0
 
 _PROG: Final = "monarch-spmd logs"
 
@@ -106,7 +117,6 @@ def build_parser() -> argparse.ArgumentParser:
         "-n", "--namespace", help="the job's namespace (default: the kubeconfig context's, else 'default')"
     )
     parser.add_argument(
-        "-r",
         "--rank",
         dest="ranks",
         action="append",
@@ -131,7 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """Parses the command line; ``ranks`` becomes a sorted list of unique ranks, or None for all."""
-    opts = build_parser().parse_args(list(argv))
+    parser = build_parser()
+    for arg in argv:
+        if arg == "--":
+            break
+        if arg == "-r" or (arg.startswith("-r") and not arg.startswith("--")):
+            parser.error(f"{arg}: not an option of monarch-spmd logs (-r is torchrun's --redirects in monarch-spmd run); "
+                         "give --rank R")
+    opts = parser.parse_args(list(argv))
     if opts.ranks is not None:
         opts.ranks = sorted({r for group in opts.ranks for r in group})
     return opts
@@ -164,15 +181,17 @@ def pod_ranks(pod: Mapping[str, Any]) -> range:
 
 
 def select_pods(
-    pods: Iterable[Mapping[str, Any]], job: str, restart: int, ranks: Sequence[int] | None = None
+    pods: Iterable[Mapping[str, Any]], job: str, uid: str, restart: int, ranks: Sequence[int] | None = None
 ) -> list[tuple[int, Mapping[str, Any]]]:
-    """The ``(first rank, pod)`` pairs of one gang attempt of ``job``, in rank order.
+    """The ``(first rank, pod)`` pairs of one gang attempt of the job ``uid``, in rank order.
 
     A PerHost pod runs several ranks (:func:`pod_ranks`); it is kept when any of them is asked for.
 
     Args:
         pods: pods as plain dicts (``metadata.name``, ``metadata.labels``), e.g. a pod list's items.
-        job: the SPMDJob's name; pods of other jobs are ignored.
+        job: the SPMDJob's name, for messages.
+        uid: the SPMDJob's uid; pods of other jobs, a deleted namesake's included, are ignored
+            (:func:`monarch_spmd.status.owned_by`).
         restart: the gang attempt (``spmd.monarch.dev/restart``) to keep.
         ranks: the ranks to keep; None keeps all.
 
@@ -180,7 +199,7 @@ def select_pods(
         LogsError: when no pod of the job has that attempt (saying which attempts exist), or
             when some asked-for ranks have no pod (saying which ranks exist).
     """
-    mine = [p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get(JOB_LABEL) == job]
+    mine = [p for p in pods if status_view.owned_by(p, uid)]
     attempts = sorted({a for a in (_label_int(p, RESTART_LABEL) for p in mine) if a is not None})
     chosen = [p for p in mine if _label_int(p, RESTART_LABEL) == restart]
     if not chosen:
@@ -316,13 +335,14 @@ def _get_job(api_client: Any, namespace: str, job: str) -> dict[str, Any]:
         raise _api_error(err, f"reading spmdjob {job}") from None
 
 
-def _list_pods(api_client: Any, namespace: str, job: str) -> list[dict[str, Any]]:
+def _list_pods(api_client: Any, namespace: str, job: str, uid: str) -> list[dict[str, Any]]:
+    """The pods labelled with the job's uid (:func:`select_pods` checks their owner too)."""
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
     try:
         resp = client.CoreV1Api(api_client).list_namespaced_pod(
-            namespace, label_selector=f"{JOB_LABEL}={job}", _preload_content=False
+            namespace, label_selector=f"{JOB_UID_LABEL}={uid}", _preload_content=False
         )
     except ApiException as err:
         raise _api_error(err, f"listing the pods of spmdjob {job}") from None
@@ -421,12 +441,14 @@ def run(opts: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> int:
     api_client, default_ns = _load_config(opts.kubeconfig)
     namespace = opts.namespace or default_ns
     job = _get_job(api_client, namespace, opts.job)
+    uid = str((job.get("metadata") or {}).get("uid") or "")
     restart = opts.restart if opts.restart is not None else current_restart(job)
 
     waited = False
     while True:
         try:
-            selected = select_pods(_list_pods(api_client, namespace, opts.job), opts.job, restart, opts.ranks)
+            pods = _list_pods(api_client, namespace, opts.job, uid)
+            selected = select_pods(pods, opts.job, uid, restart, opts.ranks)
             break
         except NoPodsYet:
             if not opts.follow:
@@ -449,6 +471,7 @@ def run(opts: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> int:
                 continue
             splitter = splitter_for(pod, opts.ranks)
             out.lines(splitter.feed(data) + splitter.flush())
+        summarize(job, pods, stderr)
         return 0
 
     errors: list[str] = []
@@ -469,7 +492,46 @@ def run(opts: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> int:
             t.join(0.5)  # a timed join keeps Ctrl-C deliverable
     for message in errors:
         stderr.write(f"{_PROG}: {message}\n")
+    pods = _list_pods(api_client, namespace, opts.job, uid)
+    followed = {_pod_name(pod) for _, pod in selected}
+    failed = any(_pod_name(p) in followed and _failed(p) for p in pods)
+    ended = _ended(api_client, namespace, opts.job, uid, SUMMARY_WAIT_SECONDS if failed else 0.0)
+    if ended is not None:
+        summarize(ended, _list_pods(api_client, namespace, opts.job, uid), stderr)
     return 1 if errors else 0
+
+
+def _failed(pod: Mapping[str, Any]) -> bool:
+    """Whether a pod's trainer container ended with a non-zero exit code."""
+    for c in (pod.get("status") or {}).get("containerStatuses") or []:
+        ended = (c.get("state") or {}).get("terminated")
+        if c.get("name") == CONTAINER and ended and ended.get("exitCode"):
+            return True
+    return False
+
+
+def summarize(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], stderr: IO[str]) -> None:
+    """For a failed job: the per-rank table and the line naming the rank that failed first."""
+    if (job.get("status") or {}).get("phase") != "Failed":
+        return
+    stderr.write("\n".join(status_view.rank_table(job, pods)) + "\n")
+    stderr.flush()
+
+
+def _ended(api_client: Any, namespace: str, name: str, uid: str, wait: float) -> dict[str, Any] | None:
+    """The job once the operator has said how its followed attempt ended (any phase but Running),
+    waiting up to ``wait`` seconds; None if it is gone or another job took its name."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            job = _get_job(api_client, namespace, name)
+        except LogsError:
+            return None
+        if (job.get("metadata") or {}).get("uid") != uid:
+            return None
+        if (job.get("status") or {}).get("phase") != "Running" or time.monotonic() > deadline:
+            return job
+        time.sleep(POLL_SECONDS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

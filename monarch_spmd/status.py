@@ -1,13 +1,14 @@
 """``monarch-spmd status [JOB]``: SPMDJobs on one screen, each with why it is in its phase.
 
 Where it sits: a command of the CLI (``monarch_spmd.cli`` dispatches ``monarch-spmd status ...``
-to :func:`main`), beside :mod:`monarch_spmd.logs`, whose kubeconfig loading it shares; it talks
-to Kubernetes through the ``kubernetes`` Python client, imported inside functions so that
-``import monarch_spmd`` stays standard-library only (``pip install 'monarch-spmd[cli]'``).
+to :func:`main`), beside :mod:`monarch_spmd.logs`, whose kubeconfig loading it shares and which
+prints its per-rank table; it talks to Kubernetes through the ``kubernetes`` Python client,
+imported inside functions so that ``import monarch_spmd`` stays standard-library only
+(``pip install 'monarch-spmd[cli]'``).
 
 ::
 
-    monarch-spmd status [JOB] [-n NAMESPACE | -A] [--kubeconfig PATH]
+    monarch-spmd status [JOB] [-n NAMESPACE | -A] [-o wide|json|yaml] [-w] [--kubeconfig PATH]
 
 Without JOB, one line per SPMDJob, like ``kubectl get spmdjobs`` but with the reason::
 
@@ -19,24 +20,38 @@ Without JOB, one line per SPMDJob, like ``kubectl get spmdjobs`` but with the re
 The REASON of a failed job is its root cause (``status.failure``: the rank that failed first,
 its exit code, reason and last line of output); of any other job ``status.reason`` and
 ``status.message``. With JOB, a few more lines: the counts, times, the failure with its last
-lines of output, the conditions and the job's newest Events.
+lines of output, the conditions and the job's newest Events; a failed job's view ends with the
+per-rank table of its failed attempt (rank, local rank, pod, exit code with the signal's name,
+the first failure marked) and a last line naming the rank that failed first. ``-o wide`` adds
+columns (and the per-rank table of any job), ``-o json|yaml`` prints the objects as the API
+server returns them, ``-w`` keeps watching and prints a line (or an object) per change, as
+``kubectl get -w`` does.
 
-The pure parts (:func:`reason`, :func:`table`, :func:`describe`, :func:`human_age`) take plain
-dicts, as the API server returns them, and the time; the unit tests exercise them without a
-cluster.
+Every read of a job's children selects them by the job's uid (the ``job-uid`` label and the
+controller owner reference), never by its name alone: a job re-created under the name of a
+deleted one never shows the older job's pods or Events.
+
+The pure parts (:func:`reason`, :func:`table`, :func:`describe`, :func:`rank_rows`,
+:func:`exit_text`, :func:`human_age`) take plain dicts, as the API server returns them, and the
+time; the unit tests exercise them without a cluster.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
+import re
 import shutil
+import signal
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import IO, Any, Final
 
 from . import kubeconfig as kubeconfig_rule
-from .payload.names import GROUP, KIND, PLURAL, VERSION
+from .payload.names import GROUP, KIND, LABEL_JOB_UID, LABEL_PROCS, LABEL_RANK, LABEL_RESTART, PER_HOST, PLURAL, VERSION
+from .payload.names import TRAINER_CONTAINER
 
 _PROG: Final = "monarch-spmd status"
 #: The most Events the one-job view shows (the newest).
@@ -48,6 +63,15 @@ DEFAULT_MAX_RESTARTS: Final = 3
 #: The fewest characters of REASON a narrow terminal still gets.
 REASON_MIN: Final = 20
 HEADERS: Final = ("NAME", "PHASE", "MESH", "RUNNING/PROCS", "RESTARTS", "AGE", "REASON")
+#: ``-o wide``: more columns, and REASON never cut.
+WIDE_HEADERS: Final = ("NAME", "PHASE", "MESH", "LAYOUT", "RUNNING/PROCS", "SUCCEEDED", "FAILED", "RESTARTS",
+                       "DISRUPTIONS", "AGE", "MASTER", "REASON")
+#: The formats of ``-o``.
+OUTPUTS: Final = ("wide", "json", "yaml")
+#: A per-rank table longer than this shows only the ranks that did not end well (and counts the rest).
+RANK_ROWS_SHOWN: Final = 16
+#: What marks the first failure in the per-rank table.
+FIRST_FAILURE: Final = "<- first failure"
 
 
 class StatusError(Exception):
@@ -110,14 +134,37 @@ def last_line(text: Any) -> str:
     return _one_line(lines[-1]) if lines else ""
 
 
+def signal_name(code: Any) -> str | None:
+    """The signal an exit code stands for: ``-9`` (a process killed by it, as Python and torchrun
+    report it) or ``137`` (128 + 9, as a shell and a container runtime report it) give SIGKILL."""
+    if not isinstance(code, int) or isinstance(code, bool):
+        return None
+    number = -code if code < 0 else code - 128 if 128 < code < 128 + 65 else None
+    if number is None:
+        return None
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return None
+
+
+def exit_text(code: Any) -> str:
+    """An exit code with its signal's name when it stands for one: ``-9 (SIGKILL)`` as torchrun
+    prints it, ``137 (SIGKILL)``, ``1``."""
+    name = signal_name(code)
+    return f"{code} ({name})" if name else str(code)
+
+
 def failure_summary(failure: Mapping[str, Any]) -> str:
-    """``rank 3 exit 1 (Error): <last line>``: the root cause of a gang failure in one line; for a
-    failure of the job itself (no rank: deadline, invalid spec), ``<reason>: <last line>``."""
+    """``rank 3 exit 1 (Error): <last line>``: the root cause of a gang failure in one line (a
+    signal's name joins the reason: ``exit 137 (SIGKILL, OOMKilled)``); for a failure of the job
+    itself (no rank: deadline, invalid spec), ``<reason>: <last line>``."""
     if failure.get("rank") is None:
         cause = str(failure.get("reason") or "failed")
     elif failure.get("exitCode") is not None:
         cause = f"rank {failure['rank']} exit {failure['exitCode']}"
-        cause += f" ({failure['reason']})" if failure.get("reason") else ""
+        why = ", ".join(str(x) for x in (signal_name(failure["exitCode"]), failure.get("reason")) if x)
+        cause += f" ({why})" if why else ""
     else:
         cause = f"rank {failure['rank']} {failure.get('reason') or 'failed'}"
     line = last_line(failure.get("message"))
@@ -153,45 +200,280 @@ def _procs(status: Mapping[str, Any]) -> str:
     return f"{status.get('running') or 0}/{status['procs']}"
 
 
-def row(job: Mapping[str, Any], now: dt.datetime, *, namespace: bool = False) -> list[str]:
-    """The table's cells for one job (NAMESPACE first when ``namespace``)."""
-    meta, status = job.get("metadata") or {}, job.get("status") or {}
-    mesh = status.get("mesh") or ",".join(
+def _mesh_text(job: Mapping[str, Any]) -> str:
+    status = job.get("status") or {}
+    return status.get("mesh") or ",".join(
         f"{d.get('name')}={d.get('size')}" for d in (job.get("spec") or {}).get("mesh") or [])
-    cells = [
-        str(meta.get("name", "")),
-        str(status.get("phase") or "<none>"),
-        mesh or "-",
-        _procs(status),
-        str(status.get("restarts") or 0),
-        age(meta.get("creationTimestamp"), now),
-        reason(job),
-    ]
+
+
+def row(job: Mapping[str, Any], now: dt.datetime, *, namespace: bool = False, wide: bool = False) -> list[str]:
+    """The table's cells for one job (NAMESPACE first when ``namespace``; :data:`WIDE_HEADERS`'
+    cells with ``wide``)."""
+    meta, spec, status = job.get("metadata") or {}, job.get("spec") or {}, job.get("status") or {}
+    name, phase = str(meta.get("name", "")), str(status.get("phase") or "<none>")
+    mesh, restarts, when = _mesh_text(job) or "-", str(status.get("restarts") or 0), age(meta.get("creationTimestamp"), now)
+    if wide:
+        counts = "-" if status.get("procs") is None else None
+        cells = [name, phase, mesh, str(spec.get("podLayout") or "PerProc"), _procs(status),
+                 counts or str(status.get("succeeded") or 0), counts or str(status.get("failed") or 0), restarts,
+                 str(status.get("disruptions") or 0), when, str(status.get("masterAddr") or "-"), reason(job)]
+    else:
+        cells = [name, phase, mesh, _procs(status), restarts, when, reason(job)]
     return [str(meta.get("namespace", "")), *cells] if namespace else cells
 
 
-def table(jobs: Iterable[Mapping[str, Any]], now: dt.datetime, *, all_namespaces: bool = False,
-          width: int | None = None) -> str:
-    """The one-screen summary: a header and one line per job, sorted by namespace and name.
+def headers(*, all_namespaces: bool = False, wide: bool = False) -> list[str]:
+    """The table's header cells."""
+    return (["NAMESPACE"] if all_namespaces else []) + list(WIDE_HEADERS if wide else HEADERS)
 
-    Columns are separated by three spaces, as kubectl's; with ``width`` (a terminal's), the last
-    column (REASON) is cut to fit, ending in ``...`` (but never to fewer than REASON_MIN characters:
-    the other columns are never cut).
+
+def _sort_key(job: Mapping[str, Any]) -> tuple[str, str]:
+    meta = job.get("metadata") or {}
+    return str(meta.get("namespace", "")), str(meta.get("name", ""))
+
+
+class Table:
+    """Lines of the one-screen summary, aligned as kubectl aligns them.
+
+    Columns are separated by three spaces; the widths are those of the rows seen so far, so rows
+    printed later (a watch) line up with the first ones. With ``width`` (a terminal's), the last
+    column (REASON) is cut to fit, ending in ``...`` (but never to fewer than REASON_MIN
+    characters: the other columns are never cut).
     """
-    ordered = sorted(jobs, key=lambda j: ((j.get("metadata") or {}).get("namespace", ""),
-                                          (j.get("metadata") or {}).get("name", "")))
-    headers = (["NAMESPACE"] if all_namespaces else []) + list(HEADERS)
-    rows = [headers] + [row(j, now, namespace=all_namespaces) for j in ordered]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(headers) - 1)]
-    lines = []
-    for r in rows:
-        head = "   ".join(cell.ljust(w) for cell, w in zip(r, widths)) + "   "
+
+    def __init__(self, header: Sequence[str], width: int | None = None) -> None:
+        self.widths = [len(h) for h in header[:-1]]
+        self.width = width
+
+    def fit(self, rows: Iterable[Sequence[str]]) -> None:
+        """Widens the columns for ``rows``."""
+        for r in rows:
+            self.widths = [max(w, len(c)) for w, c in zip(self.widths, r)]
+
+    def line(self, r: Sequence[str]) -> str:
+        """One row as a line (no line end)."""
+        head = "   ".join(cell.ljust(w) for cell, w in zip(r, self.widths)) + "   "
         last = r[-1]
-        room = max(width - len(head), REASON_MIN) if width is not None else len(last)
+        room = max(self.width - len(head), REASON_MIN) if self.width is not None else len(last)
         if len(last) > room:
             last = last[:room - 3].rstrip() + "..."
-        lines.append((head + last).rstrip())
-    return "\n".join(lines) + "\n"
+        return (head + last).rstrip()
+
+
+def table(jobs: Iterable[Mapping[str, Any]], now: dt.datetime, *, all_namespaces: bool = False,
+          width: int | None = None, wide: bool = False) -> str:
+    """The one-screen summary: a header and one line per job, sorted by namespace and name
+    (see :class:`Table`; ``wide`` never cuts REASON)."""
+    header = headers(all_namespaces=all_namespaces, wide=wide)
+    rows = [header] + [row(j, now, namespace=all_namespaces, wide=wide) for j in sorted(jobs, key=_sort_key)]
+    printer = Table(header, None if wide else width)
+    printer.fit(rows)
+    return "\n".join(printer.line(r) for r in rows) + "\n"
+
+
+# --------------------------------------------------------------------------- the per-rank table
+
+
+@dataclass(frozen=True)
+class RankRow:
+    """One rank of one attempt, as the per-rank table shows it.
+
+    Attributes:
+        rank: the global rank.
+        local_rank: LOCAL_RANK as the worker gave it (the index in a PerHost pod; the coordinate
+            on the last dimension, or 0 where each pod is its own node).
+        pod: the pod that ran it (``-`` when none is left).
+        node: the node it ran on, or ``-``.
+        exit: the exit code with its signal's name, or the state (running, stopped, pod gone ...).
+        reason: the container's reason (Error, OOMKilled, Completed ...), or what happened to it.
+        first: whether it is the job's root cause (``status.failure.rank``).
+        ended_well: it exited 0 or is still running (the rows a long table leaves out).
+        code: the exit code, when it ended with one.
+    """
+
+    rank: int
+    local_rank: int
+    pod: str
+    node: str
+    exit: str
+    reason: str
+    first: bool
+    ended_well: bool
+    code: int | None = None
+
+
+#: The last line a PerHost worker writes when one of its procs failed (payload.worker.failure_line).
+_WORKER_FAILURE: Final = re.compile(r"monarch-spmd worker: rank (\d+) exited with code (-?\d+)")
+
+
+def _label_int(pod: Mapping[str, Any], label: str) -> int | None:
+    raw = ((pod.get("metadata") or {}).get("labels") or {}).get(label)
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        return None
+
+
+def owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:
+    """Whether a child belongs to the job of ``uid``: its ``job-uid`` label names it and its
+    controller owner reference, when it has one, too (a pod orphaned from a deleted namesake keeps
+    only the older job's uid label)."""
+    meta = obj.get("metadata") or {}
+    if not uid or (meta.get("labels") or {}).get(LABEL_JOB_UID) != uid:
+        return False
+    controllers = [r for r in meta.get("ownerReferences") or [] if r.get("controller")]
+    return all(r.get("uid") == uid for r in controllers)
+
+
+def _layout(job: Mapping[str, Any]) -> tuple[int, int, int, bool]:
+    """``(procs, procs per pod, last dimension's size, LOCAL_RANK pod-scoped)`` of a job."""
+    from . import policy
+    from . import spec as spec_module
+
+    status = job.get("status") or {}
+    try:
+        parsed = spec_module.parse_job_spec(job.get("spec") or {})
+    except (ValueError, TypeError):
+        mesh = [d for d in (job.get("spec") or {}).get("mesh") or [] if isinstance(d, Mapping)]
+        sizes = [int(d.get("size") or 1) for d in mesh] or [1]
+        procs = int(status.get("procs") or 0) or _product(sizes)
+        per_pod = sizes[-1] if (job.get("spec") or {}).get("podLayout") == PER_HOST else 1
+        return procs, per_pod, sizes[-1], False
+    return (parsed.world_size, policy.procs_per_pod(parsed), parsed.mesh[-1].size,
+            policy.local_rank_scope(parsed) == policy.SCOPE_POD)
+
+
+def _product(sizes: Sequence[int]) -> int:
+    out = 1
+    for size in sizes:
+        out *= size
+    return out
+
+
+def _trainer_state(pod: Mapping[str, Any]) -> tuple[int | None, str, str]:
+    """``(exit code or None, state, reason)`` of a pod's trainer container."""
+    status = pod.get("status") or {}
+    statuses = [c for c in status.get("containerStatuses") or [] if c.get("name") == TRAINER_CONTAINER]
+    state = (statuses[0].get("state") or {}) if statuses else {}
+    if "terminated" in state:
+        ended = state["terminated"] or {}
+        code = ended.get("exitCode")
+        return code, exit_text(code), str(ended.get("reason") or "")
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return None, "stopping", "the pod is being deleted"
+    if "running" in state:
+        return None, "running", ""
+    if "waiting" in state:
+        return None, "waiting", str((state["waiting"] or {}).get("reason") or "")
+    return None, str(status.get("phase") or "Pending").lower(), str(status.get("reason") or "")
+
+
+def attempt_of(job: Mapping[str, Any]) -> int:
+    """The attempt the per-rank table shows: that of ``status.failure`` when there is one, else
+    the current one (``status.restarts``)."""
+    status = job.get("status") or {}
+    for value in ((status.get("failure") or {}).get("restart"), status.get("restarts")):
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return 0
+
+
+def rank_rows(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> list[RankRow]:
+    """Every rank of the job's attempt (:func:`attempt_of`), from its pods' states and
+    ``status.failure``; pods of another job (another uid) or another attempt are ignored.
+
+    A PerHost pod runs several ranks: the one its worker named in its last line gets the pod's
+    exit code, its siblings were stopped by the worker; without such a line every rank of the pod
+    shows the pod's state.
+    """
+    meta, status = job.get("metadata") or {}, job.get("status") or {}
+    failure = status.get("failure") or {}
+    attempt = attempt_of(job)
+    procs, per_pod, last, pod_scope = _layout(job)
+    by_first: dict[int, Mapping[str, Any]] = {}
+    for pod in pods:
+        if owned_by(pod, meta.get("uid")) and _label_int(pod, LABEL_RESTART) == attempt:
+            first = _label_int(pod, LABEL_RANK)
+            if first is not None:
+                by_first[first] = pod
+    root = failure.get("rank") if failure.get("restart", attempt) == attempt else None
+    rows: list[RankRow] = []
+    for first in range(0, procs, per_pod):
+        pod = by_first.get(first)
+        size = max(1, _label_int(pod, LABEL_PROCS) or per_pod) if pod is not None else per_pod
+        code, state, why = _trainer_state(pod) if pod is not None else (None, "pod gone", "")
+        named = _WORKER_FAILURE.findall(str(_termination_message(pod))) if pod is not None and size > 1 else []
+        for local in range(size):
+            rank = first + local
+            local_rank = local if size > 1 else (0 if pod_scope else rank % last)
+            r_code, r_state, r_why = code, state, why
+            if named:
+                failed_rank, failed_code = int(named[-1][0]), int(named[-1][1])
+                if rank == failed_rank:
+                    r_code, r_state = failed_code, exit_text(failed_code)
+                else:
+                    r_code, r_state, r_why = None, "stopped", f"by its worker after rank {failed_rank} failed"
+            if rank == root and r_code is None and failure.get("exitCode") is not None:
+                r_code, r_state = failure["exitCode"], exit_text(failure["exitCode"])
+            if rank == root and failure.get("reason") and r_why in ("", "the pod is being deleted"):
+                r_why = str(failure["reason"])
+            if pod is None and rank == root and failure.get("pod"):
+                name, node = str(failure["pod"]), str(failure.get("node") or "-")
+            else:
+                name = str((pod.get("metadata") or {}).get("name")) if pod is not None else "-"
+                node = str((pod.get("spec") or {}).get("nodeName") or "-") if pod is not None else "-"
+            well = r_code == 0 or (r_code is None and r_state in ("running", "waiting", "pending"))
+            rows.append(RankRow(rank, local_rank, name, node, r_state, r_why, rank == root, well and rank != root,
+                                r_code))
+    return rows
+
+
+def _termination_message(pod: Mapping[str, Any]) -> str:
+    for c in (pod.get("status") or {}).get("containerStatuses") or []:
+        if c.get("name") == TRAINER_CONTAINER:
+            return str(((c.get("state") or {}).get("terminated") or {}).get("message") or "")
+    return ""
+
+
+def rank_table(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The per-rank table of the job's attempt and, for a failed job, a last line naming the rank
+    that failed first (as torchrun ends a failed run). A table of more than RANK_ROWS_SHOWN ranks
+    shows those that did not end well and counts the others by state."""
+    meta, status = job.get("metadata") or {}, job.get("status") or {}
+    rows = rank_rows(job, pods)
+    shown = rows if len(rows) <= RANK_ROWS_SHOWN else [r for r in rows if not r.ended_well]
+    out = [f"Ranks of attempt {attempt_of(job)}:"]
+    out.extend(_columns([("RANK", "LOCAL_RANK", "POD", "NODE", "EXIT CODE", "REASON", "")] + [
+        (str(r.rank), str(r.local_rank), r.pod, r.node, r.exit, r.reason or "-", FIRST_FAILURE if r.first else "")
+        for r in shown]))
+    hidden = [r for r in rows if r not in shown]
+    if hidden:
+        counts: dict[str, int] = {}
+        for r in hidden:
+            counts[r.exit] = counts.get(r.exit, 0) + 1
+        out.append(f"  ... and {len(hidden)} more rank(s): "
+                   + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
+    if status.get("phase") == "Failed":
+        out.append(failed_line(job, rows))
+    return out
+
+
+def failed_line(job: Mapping[str, Any], rows: Sequence[RankRow]) -> str:
+    """The last line of a failed job's view: which rank failed first, where, and how."""
+    name = (job.get("metadata") or {}).get("name", "")
+    status = job.get("status") or {}
+    failure = status.get("failure") or {}
+    first = next((r for r in rows if r.first), None)
+    if first is None:
+        why = failure.get("reason") or status.get("reason") or "Failed"
+        return f"spmdjob {name} failed: {why}, not a rank: {last_line(failure.get('message') or status.get('message'))}"
+    where = f"pod {first.pod}" + (f" on node {first.node}" if first.node != "-" else "")
+    if first.code is not None:
+        why = ", ".join(x for x in (signal_name(first.code), first.reason) if x)
+        how = f"exit code {first.code}" + (f" ({why})" if why else "")
+    else:
+        how = first.exit + (f" ({first.reason})" if first.reason else "")
+    return f"spmdjob {name} failed: rank {first.rank} (local rank {first.local_rank}, {where}) failed first: {how}"
 
 
 def _event_time(event: Mapping[str, Any]) -> dt.datetime:
@@ -208,8 +490,10 @@ def _columns(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
     return [(indent + "   ".join(c.ljust(w) for c, w in zip(r, widths)) + "   " + r[-1]).rstrip() for r in rows]
 
 
-def describe(job: Mapping[str, Any], events: Iterable[Mapping[str, Any]], now: dt.datetime) -> str:
-    """The one-job view: phase and why, counts, times, failure, conditions, newest Events."""
+def describe(job: Mapping[str, Any], events: Iterable[Mapping[str, Any]], now: dt.datetime,
+             pods: Iterable[Mapping[str, Any]] | None = None) -> str:
+    """The one-job view: phase and why, counts, times, failure, conditions, newest Events; with
+    ``pods`` (the job's, read by its uid) it ends with the per-rank table (:func:`rank_table`)."""
     meta, spec, status = job.get("metadata") or {}, job.get("spec") or {}, job.get("status") or {}
     out = [f"Name:        {meta.get('name', '')}", f"Namespace:   {meta.get('namespace', '')}"]
     why = reason(job)
@@ -262,6 +546,8 @@ def describe(job: Mapping[str, Any], events: Iterable[Mapping[str, Any]], now: d
             for e in shown]))
     else:
         out.append("Events:      none")
+    if pods is not None:
+        out.extend(rank_table(job, pods))
     return "\n".join(out) + "\n"
 
 
@@ -270,12 +556,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=_PROG,
         description="SPMDJobs on one screen, each with why it is in its phase (for a failed job, the "
-        "rank, exit code and last line that failed it). With JOB: counts, failure, conditions and Events.",
+        "rank, exit code and last line that failed it). With JOB: counts, failure, conditions, Events and, "
+        "for a failed job, a per-rank table ending with the rank that failed first.",
     )
     parser.add_argument("job", nargs="?", metavar="JOB", help="one SPMDJob to describe (default: list them all)")
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument("-n", "--namespace", help="the namespace (default: the kubeconfig context's, else 'default')")
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
+    parser.add_argument("-o", "--output", choices=OUTPUTS, metavar="FORMAT",
+                        help="wide (more columns; with JOB, the per-rank table of any job), json or yaml "
+                        "(the objects as the API server returns them)")
+    parser.add_argument("-w", "--watch", action="store_true",
+                        help="after the list (or JOB), print a line (or an object) for every change, as kubectl get -w; "
+                        "Ctrl-C ends it")
     parser.add_argument("--kubeconfig", metavar="PATH", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
     return parser
 
@@ -289,6 +582,20 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return opts
 
 
+def dump(obj: Any, output: str) -> str:
+    """An object as ``-o json`` (kubectl's indentation) or ``-o yaml`` prints it."""
+    if output == "json":
+        return json.dumps(obj, indent=4) + "\n"
+    import yaml
+
+    return yaml.safe_dump(obj, sort_keys=False, default_flow_style=False)
+
+
+def as_list(items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Several objects as kubectl prints them with ``-o json|yaml``: a ``v1`` List."""
+    return {"apiVersion": "v1", "items": list(items), "kind": "List", "metadata": {"resourceVersion": ""}}
+
+
 # --------------------------------------------------------------------------- Kubernetes side
 
 
@@ -300,21 +607,28 @@ def _api_error(err: Any, what: str) -> StatusError:
 
 def list_jobs(api_client: Any, namespace: str | None) -> list[dict[str, Any]]:
     """Every SPMDJob of ``namespace`` (of all namespaces with None)."""
+    return list_jobs_at(api_client, namespace)[0]
+
+
+def list_jobs_at(api_client: Any, namespace: str | None, name: str | None = None) -> tuple[list[dict[str, Any]], str]:
+    """Every SPMDJob of ``namespace`` (all with None; only ``name`` with one), and the list's
+    resourceVersion (where a watch starts)."""
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
     api = client.CustomObjectsApi(api_client)
+    kwargs = {"field_selector": f"metadata.name={name}"} if name else {}
     try:
         if namespace is None:
-            answer = api.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+            answer = api.list_cluster_custom_object(GROUP, VERSION, PLURAL, **kwargs)
         else:
-            answer = api.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+            answer = api.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, **kwargs)
     except ApiException as err:
         if err.status == 404:
             raise StatusError(f"the SPMDJob API ({PLURAL}.{GROUP}/{VERSION}) is not served: install the CRD "
                               "(kubectl apply --server-side -f crds/) or the Helm chart") from None
         raise _api_error(err, "listing spmdjobs") from None
-    return list(answer.get("items") or [])
+    return list(answer.get("items") or []), str((answer.get("metadata") or {}).get("resourceVersion") or "")
 
 
 def get_job(api_client: Any, namespace: str, name: str) -> dict[str, Any]:
@@ -352,6 +666,108 @@ def job_events(api_client: Any, job: Mapping[str, Any]) -> list[dict[str, Any]]:
     return list(json.loads(answer.data).get("items") or [])
 
 
+def job_pods(api_client: Any, job: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The pods of this very job: selected by its uid label and kept only when its uid owns them
+    (:func:`owned_by`), so that a deleted namesake's orphaned pods never count."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    meta = job.get("metadata") or {}
+    try:
+        answer = client.CoreV1Api(api_client).list_namespaced_pod(
+            meta.get("namespace"), label_selector=f"{LABEL_JOB_UID}={meta.get('uid')}", _preload_content=False)
+    except ApiException as err:
+        if err.status in (401, 403):
+            return []  # the per-rank table needs pods; the job's own view still helps
+        raise _api_error(err, "listing the job's pods") from None
+    return [p for p in json.loads(answer.data).get("items") or [] if owned_by(p, meta.get("uid"))]
+
+
+Clock = Callable[[], dt.datetime]
+
+
+class Watcher:
+    """``-w``: prints the jobs as they change, from a watch that starts at a list's resourceVersion.
+
+    A watch the API server ends is resumed where it stopped; one whose resourceVersion is too old
+    (410 Gone) is replaced by a new list, from which the jobs that changed in between (or went
+    away) are printed before the new watch starts.
+    """
+
+    def __init__(self, opts: argparse.Namespace, namespace: str | None, stdout: IO[str], clock: Clock) -> None:
+        self.opts, self.namespace, self.stdout, self.clock = opts, namespace, stdout, clock
+        self.all_namespaces = namespace is None
+        self.wide = opts.output == "wide"
+        self.header = headers(all_namespaces=self.all_namespaces, wide=self.wide)
+        width = shutil.get_terminal_size().columns if stdout.isatty() and not self.wide else None
+        self.printer = Table(self.header, width)
+        self.printed_header = False
+        self.seen: dict[str, dict[str, Any]] = {}
+
+    def show(self, job: Mapping[str, Any], deleted: bool = False) -> None:
+        """Prints one job: a row (its REASON ``deleted`` once it is gone) or the whole object."""
+        meta = job.get("metadata") or {}
+        if deleted:
+            self.seen.pop(str(meta.get("uid")), None)
+        else:
+            self.seen[str(meta.get("uid"))] = dict(job)
+        if self.opts.output in ("json", "yaml"):
+            self.stdout.write(dump(job, self.opts.output) if self.opts.output == "json" else "---\n" + dump(job, "yaml"))
+        else:
+            cells = row(job, self.clock(), namespace=self.all_namespaces, wide=self.wide)
+            if deleted:
+                cells[-1] = "deleted"
+            self.printer.fit([cells])
+            if not self.printed_header:
+                self.printer.fit([self.header])
+                self.stdout.write(self.printer.line(self.header) + "\n")
+                self.printed_header = True
+            self.stdout.write(self.printer.line(cells) + "\n")
+        self.stdout.flush()
+
+    def relist(self, api_client: Any) -> str:
+        """After a 410: prints what changed or went away since the last event; returns the new start."""
+        items, version = list_jobs_at(api_client, self.namespace, self.opts.job)
+        now = {str((j.get("metadata") or {}).get("uid")): j for j in items}
+        for uid, old in list(self.seen.items()):
+            if uid not in now:
+                self.show(old, deleted=True)
+        for uid, job in now.items():
+            old = self.seen.get(uid)
+            old_version = (old or {}).get("metadata", {}).get("resourceVersion")
+            if old_version != (job.get("metadata") or {}).get("resourceVersion"):
+                self.show(job)
+        return version
+
+    def run(self, api_client: Any, items: Sequence[Mapping[str, Any]], version: str) -> int:
+        """Prints ``items``, then every change from ``version`` on, until Ctrl-C."""
+        from kubernetes import client, watch
+        from kubernetes.client.rest import ApiException
+
+        for job in sorted(items, key=_sort_key):
+            self.show(job)
+        api = client.CustomObjectsApi(api_client)
+        kwargs: dict[str, Any] = {"field_selector": f"metadata.name={self.opts.job}"} if self.opts.job else {}
+        while True:
+            stream = watch.Watch()
+            try:
+                if self.namespace is None:
+                    events = stream.stream(api.list_cluster_custom_object, GROUP, VERSION, PLURAL,
+                                           resource_version=version, **kwargs)
+                else:
+                    events = stream.stream(api.list_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL,
+                                           resource_version=version, **kwargs)
+                for event in events:
+                    job = event.get("object") or {}
+                    version = str((job.get("metadata") or {}).get("resourceVersion") or version)
+                    if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                        self.show(job, deleted=event["type"] == "DELETED")
+            except ApiException as err:
+                if err.status != 410:
+                    raise _api_error(err, "watching spmdjobs") from None
+                version = self.relist(api_client)
+
+
 def run(opts: argparse.Namespace, stdout: IO[str], stderr: IO[str], now: dt.datetime | None = None) -> int:
     """Runs the command with parsed options; returns the exit code."""
     try:
@@ -359,19 +775,40 @@ def run(opts: argparse.Namespace, stdout: IO[str], stderr: IO[str], now: dt.date
     except kubeconfig_rule.ConfigError as err:
         raise StatusError(str(err)) from None
     namespace = None if opts.all_namespaces else (opts.namespace or default_ns)
-    now = now or dt.datetime.now(dt.timezone.utc)
+
+    def clock() -> dt.datetime:
+        return now or dt.datetime.now(dt.timezone.utc)
+
+    output = opts.output
     if opts.job:
         assert namespace is not None
         job = get_job(api_client, namespace, opts.job)
-        stdout.write(describe(job, job_events(api_client, job), now))
+        if opts.watch:
+            return Watcher(opts, namespace, stdout, clock).run(
+                api_client, [job], str((job.get("metadata") or {}).get("resourceVersion") or ""))
+        if output in ("json", "yaml"):
+            stdout.write(dump(job, output))
+            return 0
+        failed = (job.get("status") or {}).get("phase") == "Failed"
+        pods = job_pods(api_client, job) if failed or output == "wide" else None
+        stdout.write(describe(job, job_events(api_client, job), clock(), pods))
         return 0
-    jobs = list_jobs(api_client, namespace)
+    jobs, version = list_jobs_at(api_client, namespace)
+    if opts.watch:
+        if not jobs:
+            where = "any namespace" if namespace is None else f"namespace {namespace}"
+            stderr.write(f"No SPMDJobs in {where} yet; watching.\n")
+            stderr.flush()
+        return Watcher(opts, namespace, stdout, clock).run(api_client, jobs, version)
+    if output in ("json", "yaml"):
+        stdout.write(dump(as_list(jobs), output))
+        return 0
     if not jobs:
         where = "any namespace" if namespace is None else f"namespace {namespace}"
         stderr.write(f"No SPMDJobs in {where}.\n")
         return 0
     width = shutil.get_terminal_size().columns if stdout.isatty() else None
-    stdout.write(table(jobs, now, all_namespaces=namespace is None, width=width))
+    stdout.write(table(jobs, clock(), all_namespaces=namespace is None, width=width, wide=output == "wide"))
     return 0
 
 

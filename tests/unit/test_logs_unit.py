@@ -13,11 +13,14 @@ import pytest
 from monarch_spmd import logs
 
 
-def pod(name: str, job: str, rank: int, restart: int, phase: str = "Running") -> dict:
+def pod(name: str, job: str, rank: int, restart: int, phase: str = "Running", uid: str | None = None) -> dict:
+    uid = uid or f"uid-{job}"
     return {
         "metadata": {
             "name": name,
-            "labels": {logs.JOB_LABEL: job, logs.RANK_LABEL: str(rank), logs.RESTART_LABEL: str(restart)},
+            "labels": {logs.JOB_LABEL: job, logs.JOB_UID_LABEL: uid, logs.RANK_LABEL: str(rank),
+                       logs.RESTART_LABEL: str(restart)},
+            "ownerReferences": [{"kind": "SPMDJob", "name": job, "uid": uid, "controller": True}],
         },
         "status": {"phase": phase},
     }
@@ -53,7 +56,7 @@ def test_parse_ranks_rejects(text):
 
 
 def test_parse_args_merges_rank_options():
-    opts = logs.parse_args(["hello", "-n", "team-a", "--rank", "3", "-r", "0-1", "--rank", "1", "-f", "--restart", "2"])
+    opts = logs.parse_args(["hello", "-n", "team-a", "--rank", "3", "--rank", "0-1", "--rank", "1", "-f", "--restart", "2"])
     assert (opts.job, opts.namespace, opts.ranks, opts.follow, opts.restart) == ("hello", "team-a", [0, 1, 3], True, 2)
     assert opts.container == "trainer"
     defaults = logs.parse_args(["hello"])
@@ -84,32 +87,74 @@ def test_current_restart(job, expected):
 
 
 def test_select_pods_keeps_one_attempt_in_rank_order():
-    assert names(logs.select_pods(PODS, "hello", 1)) == [(r, f"hello-r1-{r}") for r in range(4)]
-    assert names(logs.select_pods(PODS, "hello", 0)) == [(r, f"hello-r0-{r}") for r in range(4)]
+    assert names(logs.select_pods(PODS, "hello", "uid-hello", 1)) == [(r, f"hello-r1-{r}") for r in range(4)]
+    assert names(logs.select_pods(PODS, "hello", "uid-hello", 0)) == [(r, f"hello-r0-{r}") for r in range(4)]
 
 
 def test_select_pods_filters_ranks():
-    assert names(logs.select_pods(PODS, "hello", 1, [3, 0])) == [(0, "hello-r1-0"), (3, "hello-r1-3")]
+    assert names(logs.select_pods(PODS, "hello", "uid-hello", 1, [3, 0])) == [(0, "hello-r1-0"), (3, "hello-r1-3")]
 
 
 def test_select_pods_ignores_other_jobs():
-    assert names(logs.select_pods(PODS, "other", 1)) == [(0, "other-r1-0")]
+    assert names(logs.select_pods(PODS, "other", "uid-other", 1)) == [(0, "other-r1-0")]
+
+
+def test_select_pods_ignores_a_deleted_namesakes_pods():
+    """A job deleted with --cascade=orphan leaves pods with its name label; a new job of the same name
+    has another uid, and only its own pods are its."""
+    orphans = [pod(f"hello-old-r0-{r}", "hello", r, 0, uid="uid-old") for r in range(4)]
+    for p in orphans:
+        p["metadata"]["ownerReferences"] = []  # the garbage collector drops them when it orphans a pod
+    with pytest.raises(logs.NoPodsYet):
+        logs.select_pods(orphans, "hello", "uid-new", 0)
+    mixed = orphans + [pod(f"hello-new-r0-{r}", "hello", r, 0, uid="uid-new") for r in range(4)]
+    assert names(logs.select_pods(mixed, "hello", "uid-new", 0)) == [(r, f"hello-new-r0-{r}") for r in range(4)]
+    adopted = pod("hello-x-r0-0", "hello", 0, 0, uid="uid-new")
+    adopted["metadata"]["ownerReferences"][0]["uid"] = "uid-someone-else"
+    with pytest.raises(logs.NoPodsYet):
+        logs.select_pods([adopted], "hello", "uid-new", 0)
+
+
+@pytest.mark.parametrize("flag", ["-r", "-r0", "-r=1"])
+def test_r_is_not_the_rank_here_and_the_message_says_so(flag, capsys):
+    with pytest.raises(SystemExit) as exc:
+        logs.parse_args(["hello", flag, "0"] if flag == "-r" else ["hello", flag])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{flag}: not an option of monarch-spmd logs" in err and "give --rank R" in err
+
+
+def test_a_failed_job_ends_with_the_per_rank_table_on_stderr():
+    job = {"metadata": {"name": "hello", "uid": "uid-hello"}, "spec": {"mesh": [{"name": "procs", "size": 2}]},
+           "status": {"phase": "Failed", "restarts": 0, "failure": {"rank": 1, "exitCode": 137, "reason": "OOMKilled",
+                                                                      "restart": 0}}}
+    failed = pod("hello-r0-1", "hello", 1, 0, "Failed")
+    failed["status"]["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {"exitCode": 137,
+                                                                                          "reason": "OOMKilled"}}}]
+    err = io.StringIO()
+    logs.summarize(job, [pod("hello-r0-0", "hello", 0, 0), failed], err)
+    lines = err.getvalue().splitlines()
+    assert lines[0] == "Ranks of attempt 0:" and "<- first failure" in lines[3]
+    assert lines[-1] == "spmdjob hello failed: rank 1 (local rank 1, pod hello-r0-1) failed first: exit code 137 (SIGKILL, OOMKilled)"
+    quiet = io.StringIO()
+    logs.summarize({**job, "status": {"phase": "Succeeded"}}, [], quiet)
+    assert quiet.getvalue() == ""
 
 
 def test_select_pods_no_pods_yet():
     with pytest.raises(logs.NoPodsYet, match="spmdjob fresh has no pods yet"):
-        logs.select_pods(PODS, "fresh", 0)
+        logs.select_pods(PODS, "fresh", "uid-fresh", 0)
 
 
 def test_select_pods_unknown_restart_names_existing_ones():
     with pytest.raises(logs.LogsError, match=r"no pods of restart 5; pods exist for restart\(s\) 0, 1") as exc:
-        logs.select_pods(PODS, "hello", 5)
+        logs.select_pods(PODS, "hello", "uid-hello", 5)
     assert not isinstance(exc.value, logs.NoPodsYet)
 
 
 def test_select_pods_unknown_rank_names_existing_ones():
     with pytest.raises(logs.LogsError, match=r"no pod for rank\(s\) 7, 9; it has rank\(s\) 0-3"):
-        logs.select_pods(PODS, "hello", 1, [0, 7, 9])
+        logs.select_pods(PODS, "hello", "uid-hello", 1, [0, 7, 9])
 
 
 def test_rank_prefix():
@@ -177,7 +222,7 @@ def test_main_reports_missing_kubeconfig(tmp_path, capsys):
     assert err.startswith("monarch-spmd logs: error: cannot load kubeconfig") and str(missing) in err
 
 
-def host_pod(name: str, first: int, procs: int, containers=("trainer",)) -> dict:
+def host_pod(name: str, first: int, procs: int, containers=("trainer",)) -> dict:  # noqa: D103
     p = pod(name, "wide", first, 0)
     p["metadata"]["labels"][logs.PROCS_LABEL] = str(procs)
     p["spec"] = {"containers": [{"name": c} for c in containers]}
@@ -188,10 +233,10 @@ HOSTS = [host_pod("wide-r0-0", 0, 4), host_pod("wide-r0-1", 4, 4)]
 
 
 def test_a_per_host_pod_is_selected_by_any_of_its_ranks():
-    assert names(logs.select_pods(HOSTS, "wide", 0, [5])) == [(4, "wide-r0-1")]
-    assert names(logs.select_pods(HOSTS, "wide", 0, [3, 4])) == [(0, "wide-r0-0"), (4, "wide-r0-1")]
+    assert names(logs.select_pods(HOSTS, "wide", "uid-wide", 0, [5])) == [(4, "wide-r0-1")]
+    assert names(logs.select_pods(HOSTS, "wide", "uid-wide", 0, [3, 4])) == [(0, "wide-r0-0"), (4, "wide-r0-1")]
     with pytest.raises(logs.LogsError, match="no pod for rank.s. 8; it has rank.s. 0-7"):
-        logs.select_pods(HOSTS, "wide", 0, [8])
+        logs.select_pods(HOSTS, "wide", "uid-wide", 0, [8])
 
 
 def test_a_per_host_pods_lines_keep_their_own_prefixes_and_are_filtered_by_rank():

@@ -76,7 +76,7 @@ def test_reason_of_a_lost_pod_names_the_reason_without_an_exit_code():
                failure={"rank": 2, "reason": "PodDeleted", "message": "the pod was deleted"})
     assert status.reason(lost) == "RestartLimitExceeded: rank 2 PodDeleted: the pod was deleted"
     oom = job("oom", "Failed", reason="PermanentFailure", failure={"rank": 0, "exitCode": 137, "reason": "OOMKilled"})
-    assert status.reason(oom) == "rank 0 exit 137 (OOMKilled)"
+    assert status.reason(oom) == "rank 0 exit 137 (SIGKILL, OOMKilled)"
 
 
 def test_reason_of_a_job_level_failure_is_the_condition():
@@ -189,6 +189,10 @@ def test_describe_a_new_job_and_disruptions():
 def test_arguments():
     opts = status.parse_args([])
     assert (opts.job, opts.namespace, opts.all_namespaces, opts.kubeconfig) == (None, None, False, None)
+    assert (opts.output, opts.watch) == (None, False)
+    opts = status.parse_args(["-o", "wide", "-w"])
+    assert (opts.output, opts.watch) == ("wide", True)
+    assert status.parse_args(["--output", "json"]).output == "json" and status.parse_args(["-o", "yaml"]).output == "yaml"
     opts = status.parse_args(["gpt", "-n", "team", "--kubeconfig", "/k"])
     assert (opts.job, opts.namespace, opts.kubeconfig) == ("gpt", "team", "/k")
     assert status.parse_args(["-A"]).all_namespaces
@@ -198,6 +202,7 @@ def test_arguments():
     (["gpt", "-A"], "JOB (gpt) names one job of one namespace: give -n NAMESPACE instead of -A"),
     (["-A", "-n", "x"], "not allowed with argument"),
     (["a", "b"], "unrecognized arguments: b"),
+    (["-o", "table"], "argument -o/--output: invalid choice: 'table'"),
 ])
 def test_bad_arguments_are_usage_errors(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
@@ -218,3 +223,159 @@ def test_a_kubeconfig_that_cannot_be_read_is_a_clear_error(tmp_path):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert result.stderr.startswith("monarch-spmd status: error: cannot load kubeconfig") and str(missing) in result.stderr
+
+
+# --- exit codes with signal names, and the per-rank table of a failed job -----------------------
+
+
+@pytest.mark.parametrize("code, text", [
+    (1, "1"), (0, "0"), (-9, "-9 (SIGKILL)"), (-15, "-15 (SIGTERM)"), (137, "137 (SIGKILL)"),
+    (143, "143 (SIGTERM)"), (130, "130 (SIGINT)"), (128, "128"), (64, "64"), (255, "255"), (None, "None"),
+])
+def test_exit_codes_carry_the_signals_name_as_torchrun_prints_them(code, text):
+    assert status.exit_text(code) == text
+
+
+def test_a_signal_joins_the_reason_in_the_one_line_summary():
+    killed = job("k", "Failed", reason="RestartLimitExceeded",
+                 failure={"rank": 3, "exitCode": 143, "reason": "Error", "message": "bye"})
+    assert status.reason(killed) == "RestartLimitExceeded: rank 3 exit 143 (SIGTERM, Error): bye"
+
+
+UID = "uid-gpt"
+
+
+def trainer_pod(name: str, rank: int, restart: int, *, uid: str = UID, code: int | None = None,
+                reason: str = "", message: str = "", running: bool = False, procs: int | None = None,
+                owner: str | None = None, node: str = "gpu-1") -> dict:
+    labels = {"spmd.monarch.dev/job": "gpt", "spmd.monarch.dev/job-uid": uid, "spmd.monarch.dev/rank": str(rank),
+              "spmd.monarch.dev/restart": str(restart)}
+    if procs is not None:
+        labels["spmd.monarch.dev/procs"] = str(procs)
+    if code is not None:
+        state = {"terminated": {"exitCode": code, "reason": reason, "message": message}}
+    else:
+        state = {"running": {}} if running else {"waiting": {"reason": "ContainerCreating"}}
+    refs = [{"uid": owner or uid, "controller": True, "kind": "SPMDJob", "name": "gpt"}]
+    return {"metadata": {"name": name, "labels": labels, "ownerReferences": refs},
+            "spec": {"nodeName": node},
+            "status": {"phase": "Failed" if code else "Running",
+                       "containerStatuses": [{"name": "trainer", "state": state}]}}
+
+
+def failed_job(**spec_fields) -> dict:
+    body = job("gpt", "Failed", running=0, restarts=1, reason="RestartLimitExceeded",
+               failure={"rank": 1, "pod": "gpt-1a2b3-r1-1", "node": "gpu-7", "exitCode": 1, "reason": "Error",
+                        "message": "RuntimeError: NCCL timeout", "restart": 1})
+    body["spec"].update(spec_fields)
+    return body
+
+
+def test_the_per_rank_table_of_a_failed_job_marks_the_first_failure_and_ends_naming_its_rank():
+    pods = [trainer_pod("gpt-1a2b3-r1-0", 0, 1, code=143, reason="Error"),
+            trainer_pod("gpt-1a2b3-r1-1", 1, 1, code=1, reason="Error", node="gpu-7"),
+            trainer_pod("gpt-1a2b3-r1-2", 2, 1, code=-9),  # as a runtime reporting the signal would
+            trainer_pod("gpt-1a2b3-r0-3", 3, 0, code=1, reason="Error")]  # an older attempt: not shown
+    lines = status.rank_table(failed_job(), pods)
+    assert lines[0] == "Ranks of attempt 1:"
+    assert lines[1].split() == ["RANK", "LOCAL_RANK", "POD", "NODE", "EXIT", "CODE", "REASON"]
+    rows = [line.split() for line in lines[2:6]]
+    assert rows[0] == ["0", "0", "gpt-1a2b3-r1-0", "gpu-1", "143", "(SIGTERM)", "Error"]
+    assert rows[1] == ["1", "1", "gpt-1a2b3-r1-1", "gpu-7", "1", "Error", "<-", "first", "failure"]
+    assert rows[2] == ["2", "0", "gpt-1a2b3-r1-2", "gpu-1", "-9", "(SIGKILL)", "-"]
+    assert rows[3] == ["3", "1", "-", "-", "pod", "gone", "-"]  # rank 3's pod of attempt 1 is gone
+    assert lines[-1] == ("spmdjob gpt failed: rank 1 (local rank 1, pod gpt-1a2b3-r1-1 on node gpu-7) failed first: "
+                         "exit code 1 (Error)")
+
+
+def test_the_per_rank_table_reads_only_pods_of_this_jobs_uid():
+    """A namesake's pods (deleted with --cascade=orphan: same name, same labels but the uid) never count."""
+    old = [trainer_pod("gpt-9f9f9-r1-1", 1, 1, uid="uid-old", code=0, reason="Completed"),
+           trainer_pod("gpt-9f9f9-r1-0", 0, 1, uid="uid-old", running=True)]
+    stolen = trainer_pod("gpt-77777-r1-0", 0, 1, owner="uid-other", running=True)  # our label, another owner
+    rows = status.rank_rows(failed_job(), old + [stolen])
+    assert [(r.rank, r.pod, r.exit) for r in rows] == [
+        (0, "-", "pod gone"), (1, "gpt-1a2b3-r1-1", "1"), (2, "-", "pod gone"), (3, "-", "pod gone")]
+    assert status.owned_by(trainer_pod("p", 0, 0), UID) and not status.owned_by(old[0], UID)
+    assert not status.owned_by(stolen, UID) and not status.owned_by(trainer_pod("p", 0, 0), None)
+
+
+def test_a_perhost_pods_worker_names_the_failed_rank_and_its_siblings_were_stopped():
+    line = "monarch-spmd worker: rank 3 exited with code 137 (local rank 1); stopped the other local ranks"
+    pods = [trainer_pod("gpt-1a2b3-r1-0", 0, 1, procs=2, code=143, reason="Error"),
+            trainer_pod("gpt-1a2b3-r1-2", 2, 1, procs=2, code=137, reason="Error", message="oom\n" + line)]
+    body = failed_job(podLayout="PerHost")
+    body["status"]["failure"] = {"rank": 3, "pod": "gpt-1a2b3-r1-2", "exitCode": 137, "reason": "Error", "restart": 1}
+    rows = status.rank_rows(body, pods)
+    assert [(r.rank, r.local_rank, r.exit, r.first) for r in rows] == [
+        (0, 0, "143 (SIGTERM)", False), (1, 1, "143 (SIGTERM)", False),
+        (2, 0, "stopped", False), (3, 1, "137 (SIGKILL)", True)]
+    assert rows[2].reason == "by its worker after rank 3 failed"
+    assert status.rank_table(body, pods)[-1].startswith(
+        "spmdjob gpt failed: rank 3 (local rank 1, pod gpt-1a2b3-r1-2 on node gpu-1) failed first: exit code 137 (SIGKILL, Error)")
+
+
+def test_local_rank_is_zero_where_each_pod_is_its_own_node():
+    pods = [trainer_pod(f"gpt-1a2b3-r1-{r}", r, 1, code=1 if r == 1 else 143) for r in range(4)]
+    rows = status.rank_rows(failed_job(gpusPerProc=1), pods)
+    assert [r.local_rank for r in rows] == [0, 0, 0, 0]
+    assert [r.local_rank for r in status.rank_rows(failed_job(), pods)] == [0, 1, 0, 1]
+
+
+def test_a_long_per_rank_table_shows_the_ranks_that_did_not_end_well():
+    big = job("gpt", "Failed", restarts=0, failure={"rank": 37, "exitCode": 1, "reason": "Error", "restart": 0})
+    big["spec"]["mesh"] = [{"name": "procs", "size": 64}]
+    pods = [trainer_pod(f"gpt-1a2b3-r0-{r}", r, 0, code=1 if r == 37 else 0 if r < 40 else None, running=r >= 40)
+            for r in range(64)]
+    lines = status.rank_table(big, pods)
+    assert [line.split()[0] for line in lines[2:-2]] == ["37"]
+    assert lines[-2] == "  ... and 63 more rank(s): 39 0, 24 running"
+    assert lines[-1].startswith("spmdjob gpt failed: rank 37 ")
+
+
+def test_a_job_level_failure_names_no_rank():
+    late = job("late", "Failed", restarts=0, reason="DeadlineExceeded",
+               failure={"reason": "DeadlineExceeded", "message": "ran longer than activeDeadlineSeconds (60s)"})
+    lines = status.rank_table(late, [trainer_pod("late-1-r0-0", 0, 0, uid="uid-late", code=143)])
+    assert lines[-1] == "spmdjob late failed: DeadlineExceeded, not a rank: ran longer than activeDeadlineSeconds (60s)"
+
+
+def test_describe_of_a_failed_job_ends_with_the_per_rank_table():
+    pods = [trainer_pod("gpt-1a2b3-r1-1", 1, 1, code=1, reason="Error", node="gpu-7")]
+    text = status.describe(failed_job(), [], NOW, pods)
+    assert "Ranks of attempt 1:" in text and text.splitlines()[-1].startswith("spmdjob gpt failed: rank 1 ")
+    assert "Ranks of attempt" not in status.describe(failed_job(), [], NOW)  # no pods read: no table
+
+
+def test_wide_adds_columns_and_never_cuts_the_reason():
+    lines = status.table([FAILED, RUNNING], NOW, width=60, wide=True).splitlines()
+    assert lines[0].split() == list(status.WIDE_HEADERS)
+    assert lines[1].split()[:11] == ["bert", "Running", "hosts=2,gpus=2", "PerProc", "4/4", "0", "0", "1", "0", "5m", "-"]
+    assert lines[2].endswith("RestartLimitExceeded: rank 1 exit 1 (Error): RuntimeError: NCCL timeout")
+
+
+def test_json_and_yaml_print_what_the_api_server_returned():
+    import json
+
+    import yaml
+
+    assert json.loads(status.dump(FAILED, "json")) == FAILED
+    assert yaml.safe_load(status.dump(FAILED, "yaml")) == FAILED
+    listed = json.loads(status.dump(status.as_list([RUNNING]), "json"))
+    assert (listed["kind"], listed["apiVersion"], listed["items"]) == ("List", "v1", [RUNNING])
+
+
+def test_a_watch_prints_the_header_once_and_a_line_per_change():
+    import argparse
+    import io
+
+    out = io.StringIO()
+    opts = argparse.Namespace(output=None, job=None)
+    watcher = status.Watcher(opts, "team", out, lambda: NOW)
+    watcher.show(PENDING)
+    watcher.show(RUNNING)
+    watcher.show(RUNNING, deleted=True)
+    lines = out.getvalue().splitlines()
+    assert lines[0].split() == list(status.HEADERS)
+    assert [line.split()[:2] for line in lines[1:]] == [["llama", "Pending"], ["bert", "Running"], ["bert", "Running"]]
+    assert lines[-1].endswith("   deleted") and watcher.seen == {"uid-llama": PENDING}
