@@ -23,14 +23,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from .payload.names import EX_TEMPFAIL, EX_USAGE, PER_HOST, TRAINER_CONTAINER
+from .payload import failures
+from .payload.names import PER_HOST, TRAINER_CONTAINER
 from .payload.worker import SCOPE_MESH, SCOPE_POD
 from .spec import JobSpec
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 
-#: Pod or container reasons that no amount of waiting or retrying fixes.
-FATAL_REASONS: Final = frozenset({"InvalidImageName", "ErrImageNeverPull"})
+#: Pod or container reasons that no amount of waiting or retrying fixes (the payload's rule).
+FATAL_REASONS: Final = failures.FATAL_REASONS
 #: Waiting reasons of a container that cannot start; they fail the job (permanently) once a pod
 #: has waited START_FAILURE_SECONDS with one, rather than leaving it Pending forever.
 START_FAILURE_REASONS: Final = frozenset(
@@ -38,51 +39,26 @@ START_FAILURE_REASONS: Final = frozenset(
 )
 START_FAILURE_SECONDS: Final = 300.0
 
-#: Reasons of the pod condition ``DisruptionTarget`` (and of pod status) that mean the pod was
-#: taken away by the cluster, not failed by the program: preemption, API-initiated eviction
-#: (``kubectl drain``), taint-based eviction, pod GC after node loss, kubelet node-pressure or
-#: graceful node shutdown. Kubernetes Job's podFailurePolicy and JobSet treat these alike.
-DISRUPTION_REASONS: Final = frozenset(
-    {
-        "PreemptionByScheduler",
-        "PreemptionByKubeScheduler",
-        "EvictionByEvictionAPI",
-        "DeletionByTaintManager",
-        "DeletionByPodGC",
-        "TerminationByKubelet",
-        "Evicted",
-        "Terminated",
-        "NodeLost",
-    }
-)
-
-
-def is_disruption(reason: str | None) -> bool:
-    """Whether a pod failure ``reason`` means the cluster took the pod away (see DISRUPTION_REASONS)."""
-    return bool(reason) and reason in DISRUPTION_REASONS
+#: Reasons that mean the cluster took the pod away (see :data:`.payload.failures.DISRUPTION_REASONS`).
+DISRUPTION_REASONS: Final = failures.DISRUPTION_REASONS
+is_disruption = failures.is_disruption
 
 
 def is_permanent(spec: JobSpec, exit_code: int | None, reason: str | None) -> bool:
     """Whether a failure with this exit code and reason fails the job without a restart.
 
-    See the module docstring for the order of the rules. ``exit_code`` is None when the pod was
-    lost without a container exit code (deleted, evicted, its node gone).
+    See the module docstring for the order of the rules; they are stated once, in
+    :func:`monarch_spmd.payload.failures.is_permanent`, which the in-pod agent applies too.
+    ``exit_code`` is None when the pod was lost without a container exit code (deleted, evicted,
+    its node gone).
     """
-    if reason and (reason in spec.permanent_reasons or reason in FATAL_REASONS):
-        return True
-    if is_disruption(reason):
-        return False
-    if exit_code is None or exit_code == 0:
-        return False
-    if exit_code in spec.permanent_exit_codes:
-        return True
-    if exit_code in spec.retryable_exit_codes:
-        return False
-    if exit_code == EX_USAGE:
-        return True
-    if exit_code == EX_TEMPFAIL:
-        return False
-    return bool(spec.retryable_exit_codes)
+    return failures.is_permanent(
+        exit_code,
+        reason,
+        permanent_reasons=spec.permanent_reasons,
+        permanent_exit_codes=spec.permanent_exit_codes,
+        retryable_exit_codes=spec.retryable_exit_codes,
+    )
 
 
 def trainer_container(template: Mapping[str, Any]) -> Mapping[str, Any] | None:
