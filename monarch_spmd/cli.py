@@ -8,6 +8,12 @@ Subcommands::
     monarch-spmd manifest --image IMAGE -- torchrun --nnodes 2 --nproc-per-node 8 -m train
     monarch-spmd worker -- -m train --lr 0.001             # the in-pod worker (see worker.py)
     monarch-spmd logs JOB [--rank R] [-f]                   # every rank's log of an SPMDJob
+    monarch-spmd status [JOB] [-o wide|json|yaml] [-w]      # SPMDJobs and why each is in its phase
+    monarch-spmd validate -f job.yaml|DIR                   # manifests checked offline
+    monarch-spmd --version                                  # also: python -m monarch_spmd
+
+``kubectl-spmd`` (:func:`kubectl_main`) is the same command as a kubectl plugin:
+``kubectl spmd status|logs|validate ...``.
 
 With ``--mesh`` or a manifest, everything after the first ``--`` is the training argv, passed on
 untouched. Otherwise ``run`` reads torchrun's command line (:mod:`monarch_spmd.torchrun`): its
@@ -33,6 +39,7 @@ from . import runner, torchrun
 from .payload import contract, names, worker
 
 USAGE = """usage: monarch-spmd {run,manifest,worker,logs,status,validate} ...
+       monarch-spmd --version
 
   run     run an SPMD job locally, one process per proc:
           monarch-spmd run --mesh hosts=2,gpus=2 -- -m train --lr 0.001
@@ -42,9 +49,13 @@ USAGE = """usage: monarch-spmd {run,manifest,worker,logs,status,validate} ...
           monarch-spmd manifest --image IMAGE -- torchrun --nnodes 2 --nproc-per-node 8 -m train
   worker  the in-pod worker: monarch-spmd worker -- -m train ...
   logs    the logs of an SPMDJob's ranks: monarch-spmd logs JOB [--rank R] [-f]
-  status  SPMDJobs and why each is in its phase: monarch-spmd status [JOB] [-n NS | -A]
-  validate  check SPMDJob manifests offline as the API server would: monarch-spmd validate -f job.yaml
+  status  SPMDJobs and why each is in its phase: monarch-spmd status [JOB] [-n NS | -A] [-o wide|json|yaml] [-w]
+  validate  check SPMDJob manifests offline as the API server would: monarch-spmd validate -f job.yaml|DIR
+
+Each command's --help says more. Also as a kubectl plugin: kubectl spmd status|logs|validate ...
 """
+#: The commands ``kubectl spmd`` offers (those that read the cluster or its manifests).
+KUBECTL_COMMANDS = ("status", "logs", "validate")
 
 
 def _run_parser() -> argparse.ArgumentParser:
@@ -370,6 +381,35 @@ def manifest_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def version() -> str:
+    """The installed distribution's version (``monarch-spmd --version``)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("monarch-spmd")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
+def _worker_parser() -> argparse.ArgumentParser:
+    """``monarch-spmd worker --help``: what the in-pod worker reads. The worker itself parses no
+    options (its argv is the training argv), so this parser only prints help."""
+    inputs = ", ".join((names.MESH_VAR, names.COORDS_VAR, names.MASTER_ADDR_VAR, names.MASTER_PORT_VAR,
+                        names.RESTART_COUNT_VAR, names.MAX_RESTARTS_VAR, names.RUN_ID_VAR, names.ROLE_NAME_VAR,
+                        names.RENDEZVOUS_TIMEOUT_VAR, names.LOCAL_RANK_SCOPE_VAR, names.POD_LAYOUT_VAR))
+    return argparse.ArgumentParser(
+        prog="monarch-spmd worker",
+        usage="monarch-spmd worker [--] (-m MODULE | SCRIPT) ARGS...",
+        description="The worker every SPMDJob pod (and every local proc of monarch-spmd run) starts: it reads "
+        f"its inputs from the environment ({inputs}), computes the torchrun environment of its proc(s) "
+        "(RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, TORCHELASTIC_* ...), waits until MASTER_ADDR resolves, "
+        "then runs the training argv and exits with its exit code. Everything after the optional '--' is "
+        "the training argv. You do not start it yourself: the operator and monarch-spmd run do.",
+        epilog=f"Exit codes: the training program's (128+N when killed by signal N); {names.EX_USAGE} for bad "
+        f"input; {names.EX_TEMPFAIL} when MASTER_ADDR never resolved. docs/interfaces.md lists every input.",
+    )
+
+
 def logs_main(argv: Sequence[str]) -> int:
     """``monarch-spmd logs``: :func:`monarch_spmd.logs.main`."""
     from . import logs
@@ -383,12 +423,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help", "help"):
         print(USAGE, end="", file=sys.stdout if args else sys.stderr)
         return 0 if args else 2
+    if args[0] in ("-V", "--version", "version"):
+        print(f"monarch-spmd {version()}")
+        return 0
     command, rest = args[0], args[1:]
     if command == "run":
         return run_main(rest)
     if command == "manifest":
         return manifest_main(rest)
     if command == "worker":
+        if rest[:1] in (["-h"], ["--help"]):  # before '--' and a training argv: help, not a script
+            _worker_parser().print_help()
+            return 0
         return worker.main(rest)
     if command == "logs":
         return logs_main(rest)
@@ -401,6 +447,30 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return validate.main(rest)
     print(f"monarch-spmd: unknown command {command!r}\n{USAGE}", end="", file=sys.stderr)
+    return 2
+
+
+KUBECTL_USAGE = """usage: kubectl spmd {status,logs,validate} ...
+       kubectl spmd --version
+
+  status    SPMDJobs and why each is in its phase: kubectl spmd status [JOB] [-n NS | -A] [-o wide|json|yaml] [-w]
+  logs      the logs of an SPMDJob's ranks: kubectl spmd logs JOB [--rank R] [-f]
+  validate  check SPMDJob manifests offline: kubectl spmd validate -f job.yaml|DIR
+
+The kubectl plugin of monarch-spmd (the console script kubectl-spmd on PATH); each command's
+--help says more. monarch-spmd run and monarch-spmd manifest are not kubectl commands.
+"""
+
+
+def kubectl_main(argv: Sequence[str] | None = None) -> int:
+    """``kubectl-spmd``: kubectl finds it on PATH and runs it for ``kubectl spmd ...``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(KUBECTL_USAGE, end="", file=sys.stdout if args else sys.stderr)
+        return 0 if args else 2
+    if args[0] in KUBECTL_COMMANDS or args[0] in ("-V", "--version", "version"):
+        return main(args)
+    print(f"kubectl spmd: unknown command {args[0]!r}\n{KUBECTL_USAGE}", end="", file=sys.stderr)
     return 2
 
 

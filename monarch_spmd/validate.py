@@ -5,11 +5,15 @@ Where it sits: the command layer, beside :mod:`monarch_spmd.runner`; it reads YA
 the CRD is generated from. Usage::
 
     monarch-spmd validate -f job.yaml [more.yaml ...]     # also plain paths, and - for stdin
+    monarch-spmd validate -f manifests/ [-R]              # every .yaml, .yml, .json in the folder
 
 Every error is printed as ``FILE: doc N (NAME): FIELD: MESSAGE``; a file without errors as
 ``FILE: N SPMDJob(s) valid``. Exit code 0 when every SPMDJob is valid, 1 when one is not (or a
-file holds none), 2 on a usage error (an unknown option, a missing file, YAML that does not parse).
-Documents of other kinds are skipped; a ``kind: List`` is checked item by item.
+file named holds none), 2 on a usage error (an unknown option, a missing file or a folder without
+manifests, YAML that does not parse). Documents of other kinds are skipped; a ``kind: List`` is
+checked item by item. A folder is read as ``kubectl apply -f DIR`` reads it: its files ending in
+``.yaml``, ``.yml`` or ``.json`` (in name order; ``-R`` also those of its subfolders), where a
+file without an SPMDJob is skipped with a note rather than an error (a folder mixes kinds).
 
 A verdict of "valid" means: ``kubectl apply`` of the document is accepted by an API server with
 the CRD of this version installed, and the operator runs it, up to what only creating a pod can
@@ -20,7 +24,9 @@ it (:func:`load_documents`), not the way PyYAML does by default: ``1e3`` is a nu
 
 from __future__ import annotations
 
+import argparse
 import math
+import os
 import re
 import struct
 import sys
@@ -33,7 +39,9 @@ import yaml
 
 from . import spec
 
-USAGE: Final = "usage: monarch-spmd validate [-f] FILE [FILE ...]   (- reads standard input)"
+USAGE: Final = "usage: monarch-spmd validate [-R] [-f FILE|DIR|-] ... [FILE|DIR ...]"
+#: The files of a folder that are manifests (kubectl's FileExtensions).
+MANIFEST_EXTENSIONS: Final = (".yaml", ".yml", ".json")
 
 # --- kubectl's YAML: go-yaml v2's scalar resolution, then sigs.k8s.io/yaml's JSON conversion --
 
@@ -185,6 +193,7 @@ def load_documents(text: str) -> list[Any]:
 class _Outcome:
     errors: int = 0
     usage: int = 0
+    jobs: int = 0
 
 
 def _jobs(docs: list[Any]) -> Iterator[tuple[str, Any]]:
@@ -223,7 +232,9 @@ def _read(path: str) -> str:
         return f.read()
 
 
-def check_file(path: str, out: _Outcome) -> None:
+def check_file(path: str, out: _Outcome, *, in_folder: bool = False) -> None:
+    """Checks one file (``-`` is standard input); ``in_folder``: found in a folder, where a file
+    without an SPMDJob is skipped with a note instead of being an error."""
     shown = "<stdin>" if path == "-" else path
     try:
         docs = load_documents(_read(path))
@@ -238,9 +249,14 @@ def check_file(path: str, out: _Outcome) -> None:
     jobs = list(_jobs(docs))
     if not jobs:
         kinds = sorted({str(d.get("kind")) for d in docs if isinstance(d, dict)})
-        print(f"{shown}: no {spec.KIND} document" + (f" (found: {', '.join(kinds)})" if kinds else ""))
+        found = f" (found: {', '.join(kinds)})" if kinds else ""
+        if in_folder:
+            print(f"{shown}: no {spec.KIND} document{found}; skipped")
+            return
+        print(f"{shown}: no {spec.KIND} document{found}")
         out.errors += 1
         return
+    out.jobs += len(jobs)
     bad = 0
     for label, doc in jobs:
         _, errors = spec.check_manifest(doc, require_image=True)
@@ -252,34 +268,69 @@ def check_file(path: str, out: _Outcome) -> None:
         print(f"{shown}: {len(jobs)} {spec.KIND}(s) valid")
 
 
+def folder_files(folder: str, recursive: bool = False) -> list[str]:
+    """The manifests of a folder, as ``kubectl apply -f DIR [-R]`` finds them: files ending in
+    :data:`MANIFEST_EXTENSIONS`, in name order (with ``recursive``, subfolders' too, depth first)."""
+    found: list[str] = []
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if entry.is_dir():
+            if recursive:
+                found.extend(folder_files(entry.path, True))
+        elif entry.name.endswith(MANIFEST_EXTENSIONS):
+            found.append(entry.path)
+    return found
+
+
+def check_path(path: str, out: _Outcome, recursive: bool) -> None:
+    """Checks a file, or every manifest of a folder."""
+    if path == "-" or not os.path.isdir(path):
+        check_file(path, out)
+        return
+    try:
+        files = folder_files(path, recursive)
+    except OSError as e:
+        print(f"{path}: cannot read: {e.strerror or e}", file=sys.stderr)
+        out.usage += 1
+        return
+    before = out.jobs
+    for file in files:
+        check_file(file, out, in_folder=True)
+    if not files:
+        deeper = "" if recursive else " (-R looks in its subfolders too)"
+        print(f"{path}: no {', '.join(MANIFEST_EXTENSIONS)} file in this folder{deeper}", file=sys.stderr)
+        out.usage += 1
+    elif out.jobs == before:
+        print(f"{path}: no {spec.KIND} document in the folder's {len(files)} manifest file(s)")
+        out.errors += 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``monarch-spmd validate``."""
+    parser = argparse.ArgumentParser(
+        prog="monarch-spmd validate",
+        usage=USAGE[len("usage: "):],
+        description="Check SPMDJob manifests offline, exactly as the API server checks kubectl apply (field "
+        "validation Strict: unknown fields, types, defaults, bounds, patterns and the CRD's CEL rules). Each "
+        "error names the file, the document and the field. Exit code 0: every SPMDJob is valid; 1: one is "
+        "not (or a file named holds none); 2: a file or folder cannot be read, or YAML that does not parse.",
+    )
+    parser.add_argument("-f", "--filename", dest="files", action="append", default=[], metavar="FILE|DIR|-",
+                        help="a manifest, a folder of manifests (.yaml, .yml, .json) or - for standard input; repeatable")
+    parser.add_argument("-R", "--recursive", action="store_true", help="also the manifests of a folder's subfolders")
+    parser.add_argument("paths", nargs="*", metavar="FILE|DIR", help="more manifests or folders (as with -f)")
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``monarch-spmd validate``; returns the exit code."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    paths: list[str] = []
-    rest = iter(args)
-    for arg in rest:
-        if arg in ("-h", "--help"):
-            print(USAGE)
-            return 0
-        if arg in ("-f", "--filename"):
-            path = next(rest, None)
-            if path is None:
-                print(f"monarch-spmd validate: {arg} needs a file\n{USAGE}", file=sys.stderr)
-                return 2
-            paths.append(path)
-        elif arg.startswith("--filename="):
-            paths.append(arg.partition("=")[2])
-        elif arg.startswith("-") and arg != "-":
-            print(f"monarch-spmd validate: unknown option {arg!r}\n{USAGE}", file=sys.stderr)
-            return 2
-        else:
-            paths.append(arg)
+    parser = build_parser()
+    opts = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    paths = [*opts.files, *opts.paths]
     if not paths:
-        print(f"monarch-spmd validate: no file given\n{USAGE}", file=sys.stderr)
-        return 2
+        parser.error("no file given: -f FILE, a folder or - for standard input")
     out = _Outcome()
     for path in paths:
-        check_file(path, out)
+        check_path(path, out, opts.recursive)
     return 2 if out.usage else 1 if out.errors else 0
 
 

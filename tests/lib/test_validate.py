@@ -41,7 +41,10 @@ def write(tmp_path: Path, name: str, text: str) -> str:
 
 
 def check(capsys, *args: str) -> tuple[int, str, str]:
-    code = validate.main(list(args))
+    try:
+        code = validate.main(list(args))
+    except SystemExit as e:  # argparse's usage errors
+        code = int(e.code)
     out = capsys.readouterr()
     return code, out.out, out.err
 
@@ -112,8 +115,8 @@ def test_yaml_is_read_as_kubectl_reads_it(tmp_path, capsys):
     ("args", "message"),
     [
         ([], "no file given"),
-        (["-f"], "-f needs a file"),
-        (["--frobnicate", "x.yaml"], "unknown option '--frobnicate'"),
+        (["-f"], "argument -f/--filename: expected one argument"),
+        (["--frobnicate", "x.yaml"], "unrecognized arguments: --frobnicate"),
     ],
 )
 def test_usage_errors_exit_2(capsys, args, message):
@@ -143,3 +146,44 @@ def test_the_console_script_dispatches_validate(tmp_path):
     assert result.returncode == 0 and result.stdout == f"{path}: 1 SPMDJob(s) valid\n", result.stderr
     result = run(cli_cmd("--help"))
     assert "  validate " in result.stdout
+
+
+def test_help_is_argparses_and_exits_0():
+    result = run(cli_cmd("validate", "--help"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: monarch-spmd validate [-R] [-f FILE|DIR|-]")
+    assert "-R, --recursive" in result.stdout and "Exit code 0" in result.stdout
+
+
+def test_a_folder_is_read_as_kubectl_apply_reads_it(tmp_path, capsys):
+    """`validate -f dir/` checks every .yaml/.yml/.json in it, in name order; other files and
+    subfolders (without -R) are left alone; a file of other kinds is skipped, not an error."""
+    folder = tmp_path / "manifests"
+    (folder / "nested").mkdir(parents=True)
+    write(folder, "b-good.yml", GOOD)
+    write(folder, "a-config.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n")
+    write(folder, "notes.txt", "not a manifest: [")
+    (folder / "c.json").write_text('{"apiVersion": "spmd.monarch.dev/v1alpha1", "kind": "SPMDJob", '
+                                   '"metadata": {"name": "j"}, "spec": {"mesh": [{"name": "p", "size": 2}], '
+                                   '"args": ["x.py"], "image": "i"}}')
+    write(folder / "nested", "bad.yaml", BAD)
+    code, out, err = check(capsys, "-f", str(folder))
+    assert code == 0, out + err
+    assert out.splitlines() == [f"{folder}/a-config.yaml: no SPMDJob document (found: ConfigMap); skipped",
+                                f"{folder}/b-good.yml: 1 SPMDJob(s) valid", f"{folder}/c.json: 1 SPMDJob(s) valid"]
+    code, out, _ = check(capsys, "-R", "-f", str(folder) + "/")
+    assert code == 1 and f"{folder}/nested/bad.yaml: doc 1 (bad): spec.mesh[0].size" in out
+
+
+def test_a_folder_without_manifests_or_without_jobs_is_an_error(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    (empty / "deeper").mkdir(parents=True)
+    write(empty / "deeper", "job.yaml", GOOD)
+    code, _, err = check(capsys, str(empty))
+    assert code == 2 and f"{empty}: no .yaml, .yml, .json file in this folder (-R looks in its subfolders too)" in err
+    assert check(capsys, "-R", str(empty))[0] == 0
+    others = tmp_path / "others"
+    others.mkdir()
+    write(others, "cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n")
+    code, out, _ = check(capsys, str(others))
+    assert code == 1 and out.splitlines()[-1] == f"{others}: no SPMDJob document in the folder's 1 manifest file(s)"
