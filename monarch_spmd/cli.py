@@ -285,6 +285,25 @@ def _run_torchrun(parser: argparse.ArgumentParser, opts: argparse.Namespace, lau
 
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 EXAMPLE_IMAGE = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
+#: A CPU quantity as people write one: 8, 0.5, 500m.
+_CPU = re.compile(r"^[0-9]+(\.[0-9]+)?m?$")
+#: ``manifest``'s /dev/shm without --memory (PyTorch's DataLoader workers and NCCL use it).
+DEFAULT_SHM_SIZE = "8Gi"
+_MEMORY_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+                 "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def half_memory(quantity: str) -> str:
+    """Half a memory quantity (``64Gi`` -> ``32Gi``, ``1G`` -> ``500M``, ``3Mi`` -> ``1536Ki``),
+    in the largest binary or decimal unit that holds it exactly (bytes otherwise)."""
+    number, unit = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", quantity).groups()  # type: ignore[union-attr]
+    whole, _, fraction = number.partition(".")
+    scale = 10 ** len(fraction)
+    half = int(whole + fraction) * _MEMORY_UNITS[unit] // scale // 2
+    for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki", "E", "P", "T", "G", "M", "k"):
+        if half >= _MEMORY_UNITS[suffix] and half % _MEMORY_UNITS[suffix] == 0:
+            return f"{half // _MEMORY_UNITS[suffix]}{suffix}"
+    return str(half)
 
 
 def _manifest_parser() -> argparse.ArgumentParser:
@@ -294,16 +313,29 @@ def _manifest_parser() -> argparse.ArgumentParser:
         "the mesh [nodes=NNODES, procs=NPROC_PER_NODE] with podLayout PerHost, one pod per node running "
         "its procs as torchrun's agent does. The torchrun command line follows '--', with or without the "
         "word torchrun (or python -m torch.distributed.run). Notes on ignored flags go to stderr.",
-        usage="monarch-spmd manifest --image IMAGE [--name NAME] [--namespace NS] [--gpus-per-proc N] "
+        usage="monarch-spmd manifest --image IMAGE (--gpus-per-proc N | --nproc-per-node gpu [--node-gpus N]) "
+        "[--cpu CPU] [--memory SIZE] [--shm-size SIZE] [--name NAME] [--namespace NS] "
         "-- [torchrun] [torchrun's flags] (SCRIPT | -m MODULE) ARGS...",
+        epilog="The GPU choice is explicit: --gpus-per-proc 1 gives every proc a GPU (a node's pod holds "
+        "--nproc-per-node of them), --gpus-per-proc 0 runs on CPUs only; --nproc-per-node gpu means one proc "
+        "per GPU of a node (--node-gpus, else the GPUs of this machine) and gpusPerProc 1. With GPUs the pods "
+        "tolerate the nvidia.com/gpu NoSchedule taint. The YAML runs on a cluster as it is; it also passes "
+        "monarch-spmd validate.",
     )
     p.add_argument("--image", help=f"the container image of every node (required): python3, your code and its "
                    f"dependencies, e.g. {EXAMPLE_IMAGE} with your code added")
     p.add_argument("--name", help="the job's name, a DNS-1035 label (default: the module or script's name, "
                    "e.g. train for -m train or train.py)")
     p.add_argument("--namespace", help="metadata.namespace (default: none written; kubectl's namespace)")
-    p.add_argument("--gpus-per-proc", metavar="N", help="spec.gpusPerProc, 0..16 (default: 1 with "
-                   "--nproc-per-node gpu, else 0)")
+    p.add_argument("--gpus-per-proc", metavar="N", help="spec.gpusPerProc, 0..16: required unless --nproc-per-node "
+                   "is gpu (then 1)")
+    p.add_argument("--node-gpus", metavar="N", help="the GPUs of a cluster node, what --nproc-per-node gpu (or auto) "
+                   "counts (default: this machine's)")
+    p.add_argument("--cpu", help="CPU request of each node's pod, e.g. 32 or 500m (default: none)")
+    p.add_argument("--memory", metavar="SIZE", help="memory request and limit of each node's pod, e.g. 256Gi "
+                   "(default: none)")
+    p.add_argument("--shm-size", metavar="SIZE", help=f"spec.shmSize, the size of /dev/shm (default: half of "
+                   f"--memory, else {DEFAULT_SHM_SIZE})")
     flags = p.add_argument_group("torchrun's flags", "may also come after '--' (see monarch-spmd run --help)")
     torchrun.add_arguments(flags)
     p.add_argument("script", nargs="?", metavar="SCRIPT", help="the training script (with -m, a module)")
@@ -345,9 +377,34 @@ def manifest_main(argv: Sequence[str]) -> int:
         if opts.namespace is not None and (len(opts.namespace) > 63 or not _NAMESPACE.match(opts.namespace)):
             raise ValueError(f"--namespace: {opts.namespace!r} is not valid; a namespace is a DNS label of at most "
                              "63 characters (lowercase letters, digits and '-')")
-        gpus = visible_cuda_devices() if torchrun.counts_devices(launch) else 0
-        plan = torchrun.plan(launch, torchrun.CLUSTER, gpus=gpus, cpus=usable_cpus())
         from . import spec
+
+        if opts.cpu is not None and (not _CPU.match(opts.cpu) or not re.search(r"[1-9]", opts.cpu)):
+            raise ValueError(f"--cpu: {opts.cpu!r} is not valid; expected a CPU quantity above 0 such as 8, 0.5 or 500m")
+        for flag, value in (("--memory", opts.memory), ("--shm-size", opts.shm_size)):
+            if value is not None and (not spec.MEMORY_QUANTITY.matches(value) or not re.search(r"[1-9]", value)):
+                raise ValueError(f"{flag}: {value!r} is not valid; expected a memory quantity above 0 such as 512Mi, "
+                                 "64Gi or 1G")
+        node_gpus = None
+        if opts.node_gpus is not None:
+            node_gpus = torchrun.int_flag("--node-gpus", opts.node_gpus, 1, contract.MAX_PROCS)
+            if not torchrun.counts_devices(launch):
+                raise ValueError("--node-gpus: only counts for --nproc-per-node gpu (or auto); drop it, or give "
+                                 "--nproc-per-node gpu")
+        gpus = 0
+        if torchrun.counts_devices(launch):
+            gpus = node_gpus if node_gpus is not None else visible_cuda_devices()
+            if gpus == 0 and str(launch.options.get("nproc_per_node")).strip() == "gpu":
+                raise ValueError("--nproc-per-node gpu: one proc per GPU of a cluster node, but this machine has no "
+                                 "GPU to count: give --node-gpus N (the GPUs of a node, e.g. 8), or --nproc-per-node 8 "
+                                 "--gpus-per-proc 1")
+        plan = torchrun.plan(launch, torchrun.CLUSTER, gpus=gpus, cpus=usable_cpus())
+        if node_gpus is not None:
+            plan = dataclasses.replace(plan, notes=tuple(n for n in plan.notes if not n.startswith("--nproc-per-node ")))
+        if gpus_per_proc is None and not plan.from_gpus:
+            raise ValueError(f"--gpus-per-proc: required with --nproc-per-node {launch.options.get('nproc_per_node', 1)}: "
+                             "give 1 for a GPU per proc, 0 for CPUs only (or --nproc-per-node gpu for one proc per GPU "
+                             "of a node)")
 
         name = opts.name if opts.name is not None else torchrun.default_name(plan.argv)
         error = spec.job_name_error(name)
@@ -356,11 +413,9 @@ def manifest_main(argv: Sequence[str]) -> int:
         if not spec.IMAGE_REFERENCE.matches(opts.image) or len(opts.image) > spec.MAX_IMAGE_LENGTH:
             raise ValueError(f"--image: {opts.image!r} is not valid; an image reference is printable ASCII "
                              f"without spaces, e.g. {EXAMPLE_IMAGE}")
+        shm_size = opts.shm_size or (half_memory(opts.memory) if opts.memory else DEFAULT_SHM_SIZE)
         doc = torchrun.manifest(plan, name=name, image=opts.image, namespace=opts.namespace,
-                                gpus_per_proc=gpus_per_proc)
-        if gpus_per_proc is None and not plan.from_gpus:
-            plan = dataclasses.replace(plan, notes=(
-                *plan.notes, "no GPU requested (spec.gpusPerProc 0): add --gpus-per-proc 1 to give every proc a GPU"))
+                                gpus_per_proc=gpus_per_proc, cpu=opts.cpu, memory=opts.memory, shm_size=shm_size)
         _, errors = spec.check_manifest(doc, require_image=True)
         if errors:  # every input was checked above: this would be a bug here, said plainly
             raise ValueError("the SPMDJob would be refused: " + "; ".join(str(e) for e in errors))

@@ -25,7 +25,8 @@ flag                                   ``run`` (this machine) / ``manifest`` (an
 ``--max-restarts``                     gang restarts (spec.restartPolicy.maxRestarts), 0..100
 ``--master-port``                      rank 0's port (spec.masterPort)
 ``--master-addr``                      ``run``: MASTER_ADDR, an address of this machine.
-                                       ``manifest``: ignored, the Service ``<job>-master``
+                                       ``manifest``: ignored, the attempt's Service
+                                       ``<job>-<id>-m<attempt>``
 ``--node-rank``                        ``run``: every node runs here, so only 0 with one node.
                                        ``manifest``: ignored, each pod has its node's rank
 ``--rdzv-id``                          ``run``: TORCHELASTIC_RUN_ID, where torchrun uses it.
@@ -579,7 +580,8 @@ def plan(launch: Launch, target: str, *, gpus: int = 0, cpus: int = 1) -> Plan:
             notes.append("--node-rank: ignored: the operator starts every node, each pod with its own node "
                          "rank (GROUP_RANK)")
         if opts.get("master_addr") is not None:
-            notes.append("--master-addr: ignored: MASTER_ADDR is the job's Service, <name>-master.<namespace>.svc")
+            notes.append("--master-addr: ignored: MASTER_ADDR is the Service of the job's attempt, "
+                         "<name>-<id>-m<attempt>.<namespace>.svc")
         if rdzv_id is not None:
             notes.append("--rdzv-id: ignored: TORCHELASTIC_RUN_ID is the SPMDJob's uid")
         if grace is not None:
@@ -609,13 +611,20 @@ def default_name(argv: Sequence[str]) -> str:
     return name or "torchrun-job"
 
 
+#: The toleration of the NVIDIA device plugin's taint, which GPU nodes commonly carry.
+GPU_TOLERATION: Final = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
 def manifest(run: Plan, *, name: str, image: str, namespace: str | None = None,
-             gpus_per_proc: int | None = None) -> dict[str, Any]:
+             gpus_per_proc: int | None = None, cpu: str | None = None, memory: str | None = None,
+             shm_size: str | None = None) -> dict[str, Any]:
     """The SPMDJob manifest for ``run`` (a :data:`CLUSTER` plan), for ``kubectl apply``.
 
     The mesh is ``[nodes, procs]`` with podLayout PerHost (one pod per node, running its procs as
-    torchrun's agent does); gpusPerProc is ``gpus_per_proc``, else 1 when the procs count GPUs;
-    maxRestarts is always written (torchrun's default 0 is not the SPMDJob's 3).
+    torchrun's agent does); gpusPerProc is ``gpus_per_proc``, else 1 when the procs count GPUs,
+    and with GPUs the pods tolerate the device plugin's taint (:data:`GPU_TOLERATION`); ``cpu``
+    and ``memory`` are each pod's (each node's) requests, ``memory`` its limit too; ``shm_size``
+    is spec.shmSize. maxRestarts is always written (torchrun's default 0 is not the SPMDJob's 3).
     """
     metadata: dict[str, Any] = {"name": name}
     if namespace:
@@ -632,7 +641,19 @@ def manifest(run: Plan, *, name: str, image: str, namespace: str | None = None,
     if run.master_port is not None:
         body["masterPort"] = run.master_port
     body["restartPolicy"] = {"maxRestarts": run.max_restarts}
+    if shm_size:
+        body["shmSize"] = shm_size
+    trainer: dict[str, Any] = {"name": names.TRAINER_CONTAINER}
     if run.role is not None:
-        body["template"] = {"spec": {"containers": [{
-            "name": names.TRAINER_CONTAINER, "env": [{"name": names.ROLE_NAME_VAR, "value": str(run.role)}]}]}}
+        trainer["env"] = [{"name": names.ROLE_NAME_VAR, "value": str(run.role)}]
+    requests = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v}
+    if requests:
+        trainer["resources"] = {"requests": requests, **({"limits": {"memory": memory}} if memory else {})}
+    pod: dict[str, Any] = {}
+    if len(trainer) > 1:
+        pod["containers"] = [trainer]
+    if gpus:
+        pod["tolerations"] = [dict(GPU_TOLERATION)]
+    if pod:
+        body["template"] = {"spec": pod}
     return {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": metadata, "spec": body}

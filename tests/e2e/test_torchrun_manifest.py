@@ -33,12 +33,12 @@ def crd_installed(cluster):
 
 
 @pytest.mark.parametrize("argv", [
-    ["--image", "registry.example/train:1", "--", "torchrun", "--nnodes=2", "--nproc-per-node=8", "-m", "train", "--lr", "0.1"],
-    ["--image", "img", "--", "--nnodes", "2", "--nproc_per_node", "4", "--max-restarts", "3", "--master-port", "29511",
+    ["--image", "registry.example/train:1", "--gpus-per-proc", "1", "--", "torchrun", "--nnodes=2", "--nproc-per-node=8", "-m", "train", "--lr", "0.1"],
+    ["--image", "img", "--gpus-per-proc", "0", "--", "--nnodes", "2", "--nproc_per_node", "4", "--max-restarts", "3", "--master-port", "29511",
      "--rdzv-backend", "c10d", "--rdzv-endpoint", "head:29400", "--rdzv-id", "job", "scripts/train.py", "--epochs", "1"],
     ["--image", "img", "--name", "llm", "--gpus-per-proc", "1", "--", "python", "-m", "torch.distributed.run",
      "--nnodes", "4", "--nproc-per-node", "8", "--role", "trainer", "-m", "torchtitan.train"],
-    ["--image", "img", "--nproc-per-node", "2", "train.py"],
+    ["--image", "img", "--gpus-per-proc", "0", "--nproc-per-node", "2", "train.py"],
 ])
 def test_the_api_server_accepts_the_manifest(crd_installed, namespace, argv):
     text = manifest(*argv)
@@ -49,7 +49,7 @@ def test_the_api_server_accepts_the_manifest(crd_installed, namespace, argv):
 
 
 def test_the_manifest_with_its_namespace_is_accepted_there(crd_installed, namespace):
-    text = manifest("--image", "img", "--namespace", namespace, "--", "torchrun", "--nproc-per-node", "2", "x.py")
+    text = manifest("--image", "img", "--namespace", namespace, "--gpus-per-proc", "0", "--", "torchrun", "--nproc-per-node", "2", "x.py")
     result = crd_installed.kubectl("apply", "--dry-run=server", "--validate=strict", "-f", "-", input=text, check=False)
     assert result.returncode == 0 and "spmdjob.spmd.monarch.dev/x created (server dry run)" in result.stdout, result.stderr
 
@@ -57,7 +57,7 @@ def test_the_manifest_with_its_namespace_is_accepted_there(crd_installed, namesp
 def test_a_torchrun_job_runs_two_nodes_of_two_procs(running_operator, namespace):
     c = running_operator
     doc = yaml.safe_load(manifest(
-        "--image", "python:3.11-slim", "--name", "tr", "--", "torchrun", "--nnodes", "2", "--nproc-per-node", "2",
+        "--image", "python:3.11-slim", "--name", "tr", "--gpus-per-proc", "0", "--", "torchrun", "--nnodes", "2", "--nproc-per-node", "2",
         "--max-restarts", "1", "--role", "trainer", "-m", "tests.programs.check_env",
         "--mesh", "nodes=2,procs=2", "--role-name", "trainer", "--max-restarts", "1"))
     # What a user adds for this cluster: the process node, which runs this checkout's Python.

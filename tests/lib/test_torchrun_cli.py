@@ -151,14 +151,14 @@ def manifest(*argv: str, **kwargs) -> tuple[dict, str]:
 
 @pytest.mark.parametrize("launcher", [["torchrun"], [], ["python", "-m", "torch.distributed.run"]])
 def test_the_manifest_of_a_torchrun_command_line_is_valid(launcher, tmp_path):
-    doc, result = manifest("--image", "registry/train:1", "--", *launcher, "--nnodes=2", "--nproc-per-node=8",
-                           "--max-restarts", "2", "-m", "train", "--lr", "0.1")
+    doc, result = manifest("--image", "registry/train:1", "--gpus-per-proc", "0", "--", *launcher, "--nnodes=2",
+                           "--nproc-per-node=8", "--max-restarts", "2", "--rdzv-backend", "c10d", "-m", "train", "--lr", "0.1")
     assert doc["metadata"] == {"name": "train"}
     assert doc["spec"] == {"mesh": [{"name": "nodes", "size": 2}, {"name": "procs", "size": 8}], "podLayout": "PerHost",
                            "image": "registry/train:1", "args": ["-m", "train", "--lr", "0.1"],
-                           "restartPolicy": {"maxRestarts": 2}}
-    assert result.stdout.startswith("# monarch-spmd manifest --image registry/train:1 -- ")
-    assert "add --gpus-per-proc 1" in result.stderr  # a note, on stderr: stdout is only YAML
+                           "restartPolicy": {"maxRestarts": 2}, "shmSize": "8Gi"}
+    assert result.stdout.startswith("# monarch-spmd manifest --image registry/train:1 --gpus-per-proc 0 -- ")
+    assert "--rdzv-backend: ignored" in result.stderr  # a note, on stderr: stdout is only YAML
     path = tmp_path / "job.yaml"
     path.write_text(result.stdout)
     check = run(cli_cmd("validate", "-f", str(path)))
@@ -173,6 +173,8 @@ def test_the_manifest_options_and_flags_without_double_dash():
     assert doc["spec"]["gpusPerProc"] == 1 and doc["spec"]["masterPort"] == 29511
     assert doc["spec"]["template"]["spec"]["containers"] == [
         {"name": "trainer", "env": [{"name": "MONARCH_SPMD_ROLE_NAME", "value": "trainer"}]}]
+    assert doc["spec"]["template"]["spec"]["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert "--rdzv-backend: ignored" in result.stderr and "--node-rank: ignored" in result.stderr
     check = run(cli_cmd("validate", "-f", "-"), input=result.stdout)
     assert check.returncode == 0, check.stdout + check.stderr
@@ -181,8 +183,8 @@ def test_the_manifest_options_and_flags_without_double_dash():
 @pytest.mark.parametrize("argv, message", [
     (["--", "torchrun", "x.py"], "--image: required: the container image every node runs"),
     (["--image", "i"], "no torchrun command line"),
-    (["--image", "i", "--name", "Train_1", "x.py"], "--name: 'Train_1' is not valid; a job name is a DNS-1035 label"),
-    (["--image", "has space", "x.py"], "--image: 'has space' is not valid"),
+    (["--image", "i", "--gpus-per-proc", "0", "--name", "Train_1", "x.py"], "--name: 'Train_1' is not valid; a job name is a DNS-1035 label"),
+    (["--image", "has space", "--gpus-per-proc", "0", "x.py"], "--image: 'has space' is not valid"),
     (["--image", "i", "--namespace", "Team", "x.py"], "--namespace: 'Team' is not valid"),
     (["--image", "i", "--gpus-per-proc", "17", "x.py"], "--gpus-per-proc: 17 is not valid; expected an integer in 0..16"),
     (["--image", "i", "--", "torchrun", "--nnodes", "1:8", "x.py"], "--nnodes: '1:8' is an elastic range"),

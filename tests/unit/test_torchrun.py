@@ -292,7 +292,7 @@ def test_on_the_cluster_the_per_machine_flags_are_noted():
     p = cluster("--nnodes", "2", "--node-rank", "1", "--master-addr", "head", "--rdzv-id", "x", "--shutdown-timeout", "9", "x.py")
     assert [n.split(":")[0] for n in p.notes] == ["--node-rank", "--master-addr", "--rdzv-id", "--shutdown-timeout"]
     assert (p.master_addr, p.run_id, p.grace_period) == (None, None, None)
-    assert "<name>-master.<namespace>.svc" in p.notes[1]
+    assert "<name>-<id>-m<attempt>.<namespace>.svc" in p.notes[1]
 
 
 def test_gpu_and_cpu_counts_on_the_cluster_come_from_this_machine_with_a_note():
@@ -331,7 +331,8 @@ def test_the_manifest_of_a_torchrun_command_line():
             "gpusPerProc": 1,
             "masterPort": 29511,
             "restartPolicy": {"maxRestarts": 2},
-            "template": {"spec": {"containers": [{"name": "trainer", "env": [{"name": "MONARCH_SPMD_ROLE_NAME", "value": "trainer"}]}]}},
+            "template": {"spec": {"containers": [{"name": "trainer", "env": [{"name": "MONARCH_SPMD_ROLE_NAME", "value": "trainer"}]}],
+                                  "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}},
         },
     }
     _, errors = spec.check_manifest(copy.deepcopy(doc))
