@@ -9,8 +9,9 @@ end-to-end tests all start the operator with this one command. Equivalent kopf i
 (under ``kopf run`` there is no leader election and no metrics server: use this command for
 more than one replica.)
 
-Credentials come from the usual places, found by kopf: the in-cluster service account, or the
-kubeconfig named by $KUBECONFIG (default ~/.kube/config) and its current context.
+Credentials come from the usual places, found by kopf's login (:func:`spmd_operator.kube.login`):
+the in-cluster service account, or the kubeconfig named by $KUBECONFIG (default ~/.kube/config)
+and its current context (tokens, client certificates, basic auth, exec credential plugins).
 """
 
 from __future__ import annotations
@@ -46,7 +47,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--resync-seconds", type=float, default=None, metavar="S",
-        help="how often each job re-reads itself and its children from the API server (default 60)",
+        help="how often each job runs a pass from the informers' caches, without API requests (default 60)",
+    )
+    parser.add_argument(
+        "--check-seconds", type=float, default=None, metavar="S",
+        help="how often each job GETs its own object from the API server (default 600; spread over the period)",
     )
     parser.add_argument(
         "--metrics-port", type=int, default=None, metavar="PORT",
@@ -76,6 +81,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--concurrency must be at least 1")
     if args.resync_seconds is not None and not args.resync_seconds > 0:
         parser.error("--resync-seconds must be greater than 0")
+    if args.check_seconds is not None and not args.check_seconds > 0:
+        parser.error("--check-seconds must be greater than 0")
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
         parser.error(f"--metrics-port: {args.metrics_port} is out of range; valid is 0..65535 (0 turns metrics off)")
     from .leader import DEFAULT_LEASE_NAME, LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD, Timings
@@ -89,62 +96,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _load_async_client_without_models() -> None:
-    """Loads the parts of ``kubernetes_asyncio`` the operator and kopf's login use (its
-    Configuration, ApiClient, REST client and config loaders) without the package's ``__init__``
-    files, which import every API class and all 768 object models (about 35 MiB the operator never
-    uses: it sends and reads raw JSON). Falls back to the plain import if the package's layout is
-    not the one expected.
-    """
-    import importlib
-    import importlib.util
-    import types
-
-    if "kubernetes_asyncio" in sys.modules:
-        return
-    spec = importlib.util.find_spec("kubernetes_asyncio")
-    if spec is None or not spec.submodule_search_locations:
-        return
-    root = list(spec.submodule_search_locations)[0]
-    before = set(sys.modules)
-
-    def package(name: str, path: str) -> types.ModuleType:
-        module = types.ModuleType(name)
-        module.__path__ = [path]
-        module.__spec__ = importlib.util.spec_from_loader(name, loader=None, is_package=True)
-        module.__spec__.submodule_search_locations = [path]
-        sys.modules[name] = module
-        return module
-
-    try:
-        top = package("kubernetes_asyncio", root)
-        client = package("kubernetes_asyncio.client", os.path.join(root, "client"))
-        top.client = client  # type: ignore[attr-defined]
-        client.models = package("kubernetes_asyncio.client.models", os.path.join(root, "client", "models"))  # type: ignore[attr-defined]
-        for sub in ("exceptions", "configuration", "rest", "api_client"):
-            setattr(client, sub, importlib.import_module(f"kubernetes_asyncio.client.{sub}"))
-        client.Configuration = client.configuration.Configuration  # type: ignore[attr-defined]
-        client.ApiClient = client.api_client.ApiClient  # type: ignore[attr-defined]
-        client.ApiException = client.exceptions.ApiException  # type: ignore[attr-defined]
-        top.config = importlib.import_module("kubernetes_asyncio.config")  # type: ignore[attr-defined]
-    except Exception:  # another layout: forget the partial load and import the package whole
-        for name in set(sys.modules) - before:
-            del sys.modules[name]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the operator until it is stopped (SIGTERM/SIGINT); returns the exit code."""
-    _load_async_client_without_models()  # first: parse_args already imports the client (leader)
-    args = parse_args(argv)
-    # kopf recognises the objects of three client libraries when they are installed, and imports
-    # them whole to do so (the synchronous `kubernetes` client alone is 30 MiB and a second of
-    # start-up). The operator passes none of their objects to kopf: keep kopf from loading them.
-    for unused in ("kubernetes", "pykube"):
+    # kopf recognises the objects of three client libraries when they happen to be installed, and
+    # imports them whole to do so (tens of MiB and a second of start-up). The operator uses none:
+    # it speaks plain JSON over kopf's aiohttp with kopf's login (handlers.login). An entry of
+    # None in sys.modules is Python's documented way to make an import fail: kopf then takes
+    # them as absent, as in the operator's image, where they are not installed. First, because
+    # parse_args already imports kopf (through the leader module's client).
+    for unused in ("kubernetes", "kubernetes_asyncio", "pykube"):
         sys.modules.setdefault(unused, None)  # type: ignore[arg-type]
+    args = parse_args(argv)
     import kopf
 
     from . import handlers  # noqa: F401  (registers the handlers)
-    from .controller import DEFAULT_RESYNC_SECONDS
+    from .controller import DEFAULT_CHECK_SECONDS, DEFAULT_RESYNC_SECONDS
     from .kube import DEFAULT_CONCURRENCY
     from .metrics import DEFAULT_PORT
 
@@ -161,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         concurrency=args.concurrency or DEFAULT_CONCURRENCY,
         namespaces=[] if args.all_namespaces else list(args.namespace),
         resync_seconds=args.resync_seconds or DEFAULT_RESYNC_SECONDS,
+        check_seconds=args.check_seconds or DEFAULT_CHECK_SECONDS,
         metrics_port=DEFAULT_PORT if args.metrics_port is None else args.metrics_port,
         leader_election=election,
     )

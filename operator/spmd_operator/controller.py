@@ -10,12 +10,22 @@ Design, for jobs of thousands of pods:
   only wakes the job's loop. SPMDJob events (from kopf) record the newest object and wake too.
 * Each job has one asyncio task: wait for a wake-up (or a deadline/TTL timer, or the periodic
   resync), run :func:`.lifecycle.reconcile` on the job and its observed children, and carry out
-  the plan: ONE status merge patch, then deletions, then the ConfigMap and Service, then pod
-  creations (many at a time, bounded by the client's semaphore), then Events. A burst of
-  wake-ups within COALESCE_SECONDS of a pass becomes one more pass.
-* Never a stale view for long: every ``resync`` seconds (default 60) the loop re-reads the job
-  (a 404 ends the loop: the job was deleted while no watch was looking) and its children from
-  the server by label, replacing what the informers hold for it.
+  the plan: the pass's Events (see :mod:`.events`), ONE status merge patch, then deletions, then
+  the ConfigMap and Service, then pod creations (many at a time; the client's fair limiter takes
+  turns between jobs, so a small job is not queued behind a large job's thousands of pods). A
+  burst of wake-ups within COALESCE_SECONDS of a pass becomes one more pass.
+* Never act on an unsynced view: a pass runs only when every informer it reads (pods, Services,
+  ConfigMaps, and the job's Workloads or PodGroups) has listed since its watch last broke; until
+  then the job waits and writes nothing. An optional API that is forbidden or not installed
+  affects only the jobs that name it (:attr:`.lifecycle.Observed.unavailable`).
+* Resyncs cost the API server nothing: every ``resync`` seconds (default 60) a job runs a pass
+  from the informers' caches; once every ``check`` seconds (default 600, spread over the period)
+  and after any informer had to list again, it GETs its own object (a 404 ends the loop: the job
+  was deleted while no watch was looking). Informers re-list only when the server says 410 or a
+  watch breaks, once per informer, never per job.
+* Leadership: every write passes the leader elector's fence (:mod:`.kube`); on activation every
+  job is read again from the server before its first pass, and what an earlier term remembered
+  (its own writes, children it created) is dropped.
 * Ownership: only children whose controller owner reference is the job's uid count. A namesake's
   leftovers (still terminating, or orphaned by ``kubectl delete --cascade=orphan``) are neither
   adopted nor blamed; their names never collide with ours (the uid is in every child's name).
@@ -37,6 +47,7 @@ import dataclasses
 import datetime as dt
 import logging
 import os
+import random
 import socket
 from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -44,7 +55,7 @@ from typing import Any, Final
 
 from monarch_spmd.spec import SCHEDULING_KUEUE, SpecError, parse_job_spec
 
-from . import builders, informer, kube, lifecycle, names
+from . import builders, events, informer, kube, lifecycle, names
 from .metrics import Metrics
 from .names import JobRef
 
@@ -52,8 +63,12 @@ logger = logging.getLogger(__name__)
 
 #: At most one pass per this many seconds, so a burst of child events becomes one pass.
 COALESCE_SECONDS: Final = 0.3
-#: A job re-reads itself and its children from the server at least this often.
+#: A job runs a pass from the informers' caches at least this often (no API request).
 DEFAULT_RESYNC_SECONDS: Final = 60.0
+#: A job GETs its own object at least this often (the first time at a random point of the period).
+DEFAULT_CHECK_SECONDS: Final = 600.0
+#: How long a pass that was not allowed to write (fenced) waits before it tries again.
+FENCED_RETRY_SECONDS: Final = 1.0
 #: How long a pod this operator created is trusted to exist before the informer shows it.
 CREATED_MEMORY_SECONDS: Final = 30.0
 #: The same for a Service, ConfigMap, PodGroup or Workload: short, because one that was deleted
@@ -67,9 +82,13 @@ ERROR_BACKOFF_SECONDS: Final = (2.0, 5.0, 15.0, 30.0, 60.0)
 PROGRESS_SECONDS: Final = 5.0
 _PROGRESS_KEYS: Final = frozenset({"running", "succeeded", "failed", "message", "conditions"})
 _SETTLED_PHASES: Final = frozenset({lifecycle.SUCCEEDED, lifecycle.FAILED, lifecycle.SUSPENDED})
-#: `kubectl describe`'s "From" column of the Events the operator posts.
-COMPONENT: Final = "spmdjob-operator"
-EVENT_MESSAGE_CHARS: Final = 1024
+COMPONENT: Final = events.COMPONENT
+#: Tries of a conditional update of a Kueue Workload that keeps meeting a newer version.
+WORKLOAD_CONFLICT_RETRIES: Final = 5
+#: Chart values that grant the RBAC rules of each optional API (helm/monarch-spmd/values.yaml).
+CHART_VALUES: Final = {"workloads": "gangScheduling.kueue.enabled",
+                       "scheduling.volcano.sh": "gangScheduling.volcano.enabled",
+                       "scheduling.x-k8s.io": "gangScheduling.coscheduling.enabled"}
 
 JobKey = tuple[str, str]
 
@@ -104,6 +123,8 @@ class JobLoop:
         created: child name -> when this operator created it (monotonic), so a child the
             informers have not shown yet is not POSTed again within CREATED_MEMORY_SECONDS.
         foreign_reported: names of a namesake's children already reported in an Event.
+        check_now: GET the job from the server before the next pass (activation, a re-list).
+        next_check: when the next periodic GET is due (loop time).
     """
 
     key: JobKey
@@ -115,6 +136,8 @@ class JobLoop:
     created: dict[str, float] = field(default_factory=dict)
     foreign_reported: set[str] = field(default_factory=set)
     status_written: float | None = None
+    check_now: bool = True
+    next_check: float = 0.0
 
     @property
     def uid(self) -> str:
@@ -138,6 +161,13 @@ class JobLoop:
         self.body = copy.deepcopy(dict(body))
         self.written = None
 
+    def new_term(self) -> None:
+        """Forgets what an earlier leadership term remembered: read everything again first."""
+        self.written = None
+        self.created.clear()
+        self.status_written = None
+        self.check_now = True
+
 
 class Controller:
     """Owns the per-job loops and carries out the lifecycle's plans.
@@ -146,29 +176,32 @@ class Controller:
         api: the API client.
         worker_files: the payload's files for the ConfigMaps (see :func:`builders.worker_files`).
         namespaces: the namespaces watched (None: all).
-        resync_seconds: how often each job re-reads itself and its children from the server.
+        resync_seconds: how often each job runs a pass from the informers' caches.
         metrics: where passes, pod writes and transitions are counted.
+        check_seconds: how often each job GETs its own object from the server.
     """
 
     def __init__(self, api: kube.Kube, worker_files: Mapping[str, str], *,
                  namespaces: Iterable[str] | None = None,
                  resync_seconds: float = DEFAULT_RESYNC_SECONDS,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None,
+                 check_seconds: float = DEFAULT_CHECK_SECONDS) -> None:
         self.api = api
-        self.metrics = metrics or Metrics(lambda: [loop.body for loop in self.jobs.values()])
+        self.metrics = metrics or Metrics(lambda: [loop.body for loop in self.jobs.values()], self.cache_sizes)
         self.worker_files = dict(worker_files)
         self.payload_hash = builders.payload_hash(self.worker_files)
         self.resync_seconds = resync_seconds
+        self.check_seconds = check_seconds
         self.jobs: dict[JobKey, JobLoop] = {}
         self.active = False
         self.instance = os.environ.get("POD_NAME") or socket.gethostname()
+        self.events = events.EventRecorder(api, self.instance)
         ns = list(namespaces) if namespaces else None
-        self.pods: informer.Informer[lifecycle.PodInfo] = informer.Informer(
-            api, kube.pods_url, lifecycle.pod_info, namespaces=ns, on_change=self._wake_all, name="pods")
-        self.services: informer.Informer[lifecycle.ChildInfo] = informer.Informer(
-            api, kube.services_url, lifecycle.child_info, namespaces=ns, on_change=self._wake_all, name="services")
-        self.configmaps: informer.Informer[lifecycle.ChildInfo] = informer.Informer(
-            api, kube.configmaps_url, lifecycle.child_info, namespaces=ns, on_change=self._wake_all, name="configmaps")
+        self.pods: informer.Informer[lifecycle.PodInfo] = self._informer(kube.pods_url, lifecycle.pod_info, "pods", ns)
+        self.services: informer.Informer[lifecycle.ChildInfo] = self._informer(
+            kube.services_url, lifecycle.child_info, "services", ns)
+        self.configmaps: informer.Informer[lifecycle.ChildInfo] = self._informer(
+            kube.configmaps_url, lifecycle.child_info, "configmaps", ns)
         self.informers: list[informer.Informer[Any]] = [self.pods, self.services, self.configmaps]
         self.namespaces = ns
         #: Informers of optional APIs (PodGroups, Kueue Workloads), started when a job first needs one.
@@ -182,6 +215,7 @@ class Controller:
         A standby replica starts its informers too (a warm view makes a takeover quick) but runs
         no loop until the leader elector calls :meth:`activate`.
         """
+        self.metrics.bind(asyncio.get_running_loop())
         for inf in self.informers:
             inf.start()
         await asyncio.gather(*(inf.ready.wait() for inf in self.informers))
@@ -189,10 +223,12 @@ class Controller:
             self.activate()
 
     def activate(self) -> None:
-        """Starts a loop for every known job (this replica may write)."""
+        """Starts a loop for every known job (this replica may write); each loop first reads its
+        job again from the server and forgets what an earlier term remembered."""
         self.active = True
         self.metrics.leader.set(1)
         for loop in self.jobs.values():
+            loop.new_term()
             self._start_loop(loop)
 
     async def deactivate(self) -> None:
@@ -213,17 +249,27 @@ class Controller:
         for inf in self.informers:
             await inf.stop()
 
+    def _informer(self, collection: Any, summarize: Any, name: str, namespaces: list[str] | None) -> informer.Informer[Any]:
+        return informer.Informer(self.api, collection, summarize, namespaces=namespaces, on_change=self._wake_all,
+                                 name=name, on_synced=self._relisted, keep=lambda key: key in self.jobs)
+
     def optional_informer(self, api: tuple[str, str, str], summarize: Any) -> informer.Informer[Any]:
         """The informer of an optional API (its CRD may not even exist), started on first use."""
         inf = self.optional.get(api)
         if inf is None:
             group, version, plural = api
-            inf = self.optional[api] = informer.Informer(
-                self.api, lambda ns, a=api: kube.custom_url(*a, ns), summarize, namespaces=self.namespaces,
-                on_change=self._wake_all, name=plural)
+            inf = self.optional[api] = self._informer(lambda ns, a=api: kube.custom_url(*a, ns), summarize,
+                                                      f"{plural}.{group}", self.namespaces)
             self.informers.append(inf)
             inf.start()
         return inf
+
+    def cache_sizes(self) -> dict[str, tuple[int, int, int]]:
+        """Informer name -> (jobs, objects, tombstones) it holds; "jobs" -> the controller's own."""
+        sizes = {inf.name: inf.sizes() for inf in self.informers}
+        sizes["controller"] = (len(self.jobs), sum(len(loop.created) for loop in self.jobs.values()),
+                               self.events.known())
+        return sizes
 
     def _start_loop(self, loop: JobLoop) -> None:
         if loop.task is None or loop.task.done():
@@ -254,46 +300,66 @@ class Controller:
             if loop is not None:
                 loop.wake.set()
 
+    def _relisted(self) -> None:
+        """An informer listed (again): what happened while its watch was down may include a job's
+        deletion, so every job reads itself again; jobs that waited for the sync run now."""
+        for loop in self.jobs.values():
+            loop.check_now = True
+            loop.wake.set()
+
     def forget(self, key: JobKey) -> None:
-        """Stops and drops the loop of job ``key`` (deleted, or being deleted)."""
+        """Stops and drops the loop of job ``key`` (deleted, or being deleted), and what the
+        informers and the Event recorder keep for it."""
         loop = self.jobs.pop(key, None)
         if loop is not None and loop.task is not None:
             loop.task.cancel()
+        self._prune(key)
+
+    def _prune(self, key: JobKey) -> None:
+        if key in self.jobs:
+            return
+        for inf in self.informers:
+            inf.forget(key)
+        self.events.forget(key)
 
     # --- the loop -----------------------------------------------------------------------------
 
     async def _run(self, loop: JobLoop) -> None:
         errors = 0
         clock = asyncio.get_running_loop().time
-        next_resync = clock() + self.resync_seconds
+        if loop.next_check <= 0:
+            loop.next_check = clock() + random.uniform(0, self.check_seconds)  # spread the GETs
         while True:
             loop.wake.clear()
             started = clock()
             try:
-                if started >= next_resync:
+                if loop.check_now or started >= loop.next_check:
                     await self.resync(loop)
-                    next_resync = clock() + self.resync_seconds
                 delay = await self.reconcile_once(loop)
                 self.metrics.passes.observe(clock() - started)
                 errors = 0
             except asyncio.CancelledError:
                 raise
+            except kube.Fenced as e:  # not leading (any more): the elector stops this loop
+                logger.info("SPMDJob %s/%s: %s", *loop.key, e)
+                delay = FENCED_RETRY_SECONDS
             except Exception as e:  # one bad pass must not kill the loop: log, back off, retry
                 if isinstance(e, JobGone) or (isinstance(e, kube.KubeError) and e.namespace_terminating):
                     logger.info("SPMDJob %s/%s: %s; its loop ends", *loop.key,
                                 e if isinstance(e, JobGone) else "its namespace is being deleted")
                     if self.jobs.get(loop.key) is loop:
                         del self.jobs[loop.key]
+                        self._prune(loop.key)
                     return
                 delay = ERROR_BACKOFF_SECONDS[min(errors, len(ERROR_BACKOFF_SECONDS) - 1)]
                 errors += 1
                 self.metrics.errors.inc()
                 logger.warning("SPMDJob %s/%s: reconcile failed (%s); retrying in %ss", *loop.key, e, delay)
                 if errors == 1:
-                    await self._post_events(loop, [lifecycle.Event(
+                    await self.events.record(loop.body, [lifecycle.Event(
                         lifecycle.EVENT_WARNING, "ReconcileError", f"{e}; retrying with back-off (see the operator's log)")])
-                next_resync = min(next_resync, clock() + delay)  # re-read the world before the retry
-            timeout = max(0.0, min(delay if delay is not None else self.resync_seconds, next_resync - clock()))
+                loop.check_now = True  # read the job again before the retry
+            timeout = max(0.0, min(delay if delay is not None else self.resync_seconds, loop.next_check - clock()))
             try:
                 await asyncio.wait_for(loop.wake.wait(), timeout=timeout)
             except asyncio.TimeoutError:
@@ -303,16 +369,42 @@ class Controller:
             await asyncio.sleep(max(0.0, COALESCE_SECONDS - (clock() - started)))
 
     async def resync(self, loop: JobLoop) -> None:
-        """Re-reads the job and its children from the server, replacing the cached view."""
+        """Reads the job from the server (one GET), replacing the cached body; its children come
+        from the informers, which the watches keep current (no LIST)."""
         namespace, name = loop.key
         body = await self.api.get(kube.job_url(namespace, name))
         if body is None or (body.get("metadata") or {}).get("uid") != loop.uid:
             raise JobGone("it no longer exists on the server")
         loop.resynced(body)
-        await asyncio.gather(*(inf.refresh(loop.key, loop.uid) for inf in self.informers))
+        loop.check_now = False
+        loop.next_check = asyncio.get_running_loop().time() + self.check_seconds
 
-    def observed(self, loop: JobLoop, now: dt.datetime | None = None) -> lifecycle.Observed:
-        """What a pass of ``loop`` sees: its job and the children it owns."""
+    def _unsynced(self, infs: Iterable[informer.Informer[Any]]) -> list[str]:
+        return [inf.name for inf in infs if not inf.synced]
+
+    @staticmethod
+    def _unavailable(inf: informer.Informer[Any], api: tuple[str, str, str], provider: str) -> tuple[str, str] | None:
+        """Why an optional API cannot be used, naming the RBAC rule or CRD and the chart value."""
+        error = inf.failure
+        if error is None:
+            return None
+        group, version, plural = api
+        value = CHART_VALUES.get(plural if group.startswith("kueue") else group, "")
+        if error.status == 403:
+            return ("SchedulingForbidden",
+                    f"spec.scheduling.provider {provider} needs {plural}.{group} (list, watch, create), which the "
+                    f"operator's RBAC does not grant: install the chart with {value}=true (or add the rule to its "
+                    f"ClusterRole); no pods are created until then")
+        return ("SchedulingAPIMissing",
+                f"spec.scheduling.provider {provider} needs the API {plural}.{group}/{version}, which this cluster "
+                f"does not serve (no CustomResourceDefinition): install {provider}, or choose another provider; "
+                "no pods are created until then")
+
+    def observed(self, loop: JobLoop, now: dt.datetime | None = None) -> lifecycle.Observed | None:
+        """What a pass of ``loop`` sees: its job and the children it owns; None while an informer
+        the pass needs has not listed (since its watch last broke): nothing is decided then."""
+        if self._unsynced(self.informers[:3]):
+            return None
         body = loop.body
         meta = body.get("metadata") or {}
         job = JobRef.from_body(body)
@@ -330,12 +422,22 @@ class Controller:
             configmap = lifecycle.CONFIGMAP_CURRENT
         podgroups: tuple[lifecycle.ChildInfo, ...] = ()
         workload = None
+        unavailable = None
         if not isinstance(spec, SpecError):
-            group_api = builders.PODGROUP_APIS.get(spec.scheduling_provider)
+            provider = spec.scheduling_provider
+            group_api = builders.PODGROUP_APIS.get(provider)
             if group_api is not None:
-                podgroups = tuple(self.optional_informer(group_api, lifecycle.child_info).get(job.key, job.uid))
-            if spec.scheduling_provider == SCHEDULING_KUEUE:
-                found = self.optional_informer(builders.KUEUE_WORKLOAD, lifecycle.workload_info).get(job.key, job.uid)
+                inf = self.optional_informer(group_api, lifecycle.child_info)
+                unavailable = self._unavailable(inf, group_api, provider)
+                if unavailable is None and not inf.synced:
+                    return None
+                podgroups = tuple(inf.get(job.key, job.uid))
+            if provider == SCHEDULING_KUEUE:
+                inf = self.optional_informer(builders.KUEUE_WORKLOAD, lifecycle.workload_info)
+                unavailable = self._unavailable(inf, builders.KUEUE_WORKLOAD, provider)
+                if unavailable is None and not inf.synced:
+                    return None
+                found = inf.get(job.key, job.uid)
                 workload = found[0] if found else None
         return lifecycle.Observed(
             job=job,
@@ -349,6 +451,7 @@ class Controller:
             podgroups=podgroups,
             workload=workload,
             rejection=loop.rejection,
+            unavailable=unavailable,
             now=now or dt.datetime.now(dt.timezone.utc),
         )
 
@@ -361,6 +464,8 @@ class Controller:
         if (loop.body.get("metadata") or {}).get("deletionTimestamp"):
             raise JobGone("it is being deleted")
         o = self.observed(loop, now)
+        if o is None:
+            return 1.0  # an informer is (re-)listing; its completion wakes every job too
         if loop.created:
             # What the watches show needs no memory of having been created, and what they saw
             # deleted since may be created again at once.
@@ -388,13 +493,18 @@ class Controller:
         ns = job.namespace
         clock = asyncio.get_running_loop().time()
         deferred: float | None = None
+        key = loop.key
         if plan.status and only_progress(o.status, plan.status) and loop.status_written is not None:
             left = loop.status_written + PROGRESS_SECONDS - clock
             if left > 0:
                 plan, deferred = dataclasses.replace(plan, status={}), left
+        # The Events first, named after the status this pass starts from: a pass cut short after
+        # them is repeated from the same status and finds them written (409); one cut short
+        # before them writes them when it is repeated. Either way each transition has its Event.
+        await self.events.record(loop.body, plan.events, transition=events.fingerprint(o.status))
         if plan.status:
             try:
-                patched = await self.api.patch(kube.job_url(ns, job.name, "status"), {"status": plan.status})
+                patched = await self.api.patch(kube.job_url(ns, job.name, "status"), {"status": plan.status}, owner=key)
             except kube.KubeError as e:
                 if e.status == 404:
                     raise JobGone("it no longer exists on the server") from e
@@ -403,8 +513,7 @@ class Controller:
             loop.status_written = clock
             self.metrics.transition(o.status, plan.status, (loop.body.get("metadata") or {}).get("creationTimestamp"), o.now)
         if plan.delete_job:
-            await self._post_events(loop, plan.events)
-            await self.api.delete(kube.job_url(ns, job.name), uid=job.uid)
+            await self.api.delete(kube.job_url(ns, job.name), uid=job.uid, owner=key)
             raise JobGone("its ttlSecondsAfterFinished passed; deleted")
         for name in (*plan.delete_pods, *plan.delete_services):
             loop.created.pop(name, None)
@@ -413,14 +522,14 @@ class Controller:
         group_api = None if isinstance(spec, SpecError) else builders.PODGROUP_APIS.get(spec.scheduling_provider)
         self.metrics.pods_deleted.inc(sum(1 for name in plan.delete_pods if name in pods))
         await self._all([
-            *(self.api.delete(kube.pods_url(ns, name)) for name in plan.delete_pods if name in pods),
-            *(self.api.delete(kube.services_url(ns, name)) for name in plan.delete_services),
-            *(self.api.delete(kube.custom_url(*group_api, ns, name)) for name in plan.delete_podgroups if group_api),
+            *(self.api.delete(kube.pods_url(ns, name), owner=key) for name in plan.delete_pods if name in pods),
+            *(self.api.delete(kube.services_url(ns, name), owner=key) for name in plan.delete_services),
+            *(self.api.delete(kube.custom_url(*group_api, ns, name), owner=key) for name in plan.delete_podgroups
+              if group_api),
             *([self._finish_workload(o)] if plan.finish_workload else []),
             *([self._release_workload(o)] if plan.release_workload else []),
         ])
         if isinstance(spec, SpecError):
-            await self._post_events(loop, plan.events)
             return deferred
         self._forget_old_creations(loop)
         writes: list[Awaitable[Any]] = []
@@ -437,26 +546,40 @@ class Controller:
         rejected = await self._create_pods(loop, job, spec, plan, flavors) if plan.create else None
         if rejected is not None:
             # Refused by the API server: the next pass turns it into InvalidSpec (one status
-            # patch, Events in the order things happened); this pass's Events are not posted.
+            # patch, and its Event after this pass's).
             loop.rejection = rejected
             loop.wake.set()
             return deferred
-        await self._post_events(loop, plan.events)
         return deferred
 
     async def _workload_conditions(self, o: lifecycle.Observed, conditions: Mapping[str, tuple[str, str, str]],
                                    extra: Mapping[str, Any] | None = None) -> None:
-        """Sets conditions (type -> status, reason, message) on the job's Workload status."""
+        """Sets conditions (type -> status, reason, message) on the job's Workload status.
+
+        The Workload is Kueue's object too: the patch carries the resourceVersion read, so a
+        condition Kueue wrote in between is never overwritten (409 Conflict: read again, retry).
+        """
         assert o.workload is not None
         now = lifecycle.format_time(o.now)
         url = kube.custom_url(*builders.KUEUE_WORKLOAD, o.job.namespace, o.workload.name)
-        body = await self.api.get(url)
-        if body is None:
-            return
-        kept = [c for c in (body.get("status") or {}).get("conditions") or [] if c.get("type") not in conditions]
-        new = [{"type": t, "status": st, "reason": r, "message": m, "lastTransitionTime": now}
-               for t, (st, r, m) in conditions.items()]
-        await self.api.patch(f"{url}/status", {"status": {"conditions": kept + new, **(extra or {})}})
+        for attempt in range(WORKLOAD_CONFLICT_RETRIES):
+            body = await self.api.get(url)
+            if body is None:
+                return
+            kept = [c for c in (body.get("status") or {}).get("conditions") or [] if c.get("type") not in conditions]
+            new = [{"type": t, "status": st, "reason": r, "message": m, "lastTransitionTime": now}
+                   for t, (st, r, m) in conditions.items()]
+            version = (body.get("metadata") or {}).get("resourceVersion")
+            try:
+                await self.api.patch(f"{url}/status", {"metadata": {"resourceVersion": version},
+                                                       "status": {"conditions": kept + new, **(extra or {})}},
+                                     owner=(o.job.namespace, o.job.name))
+                return
+            except kube.KubeError as e:
+                if e.status != 409 or attempt == WORKLOAD_CONFLICT_RETRIES - 1:
+                    raise
+                logger.info("Workload %s/%s changed while it was being updated; reading it again",
+                            o.job.namespace, o.workload.name)
 
     async def _finish_workload(self, o: lifecycle.Observed) -> None:
         """Tells Kueue the job ended (condition Finished on the Workload), so it frees the quota."""
@@ -494,7 +617,8 @@ class Controller:
             if await self._ensure(loop, kube.configmaps_url(job.namespace), configmap, job):
                 return
         await self.api.patch(kube.configmaps_url(job.namespace, name),
-                             {"metadata": {"annotations": configmap["metadata"]["annotations"]}, "data": configmap["data"]})
+                             {"metadata": {"annotations": configmap["metadata"]["annotations"]}, "data": configmap["data"]},
+                             owner=loop.key)
 
     async def _ensure(self, loop: JobLoop, collection: str, body: dict[str, Any], job: JobRef) -> bool:
         """Creates a child unless this loop just did; True if it was created now.
@@ -505,7 +629,7 @@ class Controller:
         when = loop.created.get(name)
         if when is not None and asyncio.get_running_loop().time() - when < CHILD_MEMORY_SECONDS:
             return False
-        created = await self.api.create(collection, body) is not None
+        created = await self.api.create(collection, body, owner=loop.key) is not None
         if not created:
             existing = await self.api.get(f"{collection}/{name}")
             if existing is not None and names.owner_uid(existing) != job.uid:
@@ -532,7 +656,7 @@ class Controller:
             async with gate:
                 pod = builders.build_pod(job, spec, rank, plan.restart)
                 builders.place_on_flavors(pod, flavors)
-                return await self.api.create(kube.pods_url(ns), pod, keep=False)
+                return await self.api.create(kube.pods_url(ns), pod, keep=False, owner=loop.key)
 
         results = await asyncio.gather(*(create(r) for r in ranks), return_exceptions=True)
         taken: list[str] = []
@@ -558,7 +682,7 @@ class Controller:
         new = [n for n in strangers if n not in loop.foreign_reported]
         if new:
             loop.foreign_reported.update(new)
-            await self._post_events(loop, [lifecycle.Event(
+            await self.events.record(loop.body, [lifecycle.Event(
                 lifecycle.EVENT_WARNING, "NameTaken",
                 f"{len(new)} pod name(s) are held by objects this job does not own (e.g. {new[0]}); "
                 "they are not counted; the job waits until they are gone")])
@@ -580,35 +704,3 @@ class Controller:
             if gone:
                 raise JobGone("its namespace is being deleted") from gone[0]
             raise errors[0]
-
-    async def _post_events(self, loop: JobLoop, events: Iterable[lifecycle.Event]) -> None:
-        """Posts Events on the job (failures are logged, never raised: Events are best effort)."""
-        events = list(events)
-        if not events:
-            return
-        meta = loop.body.get("metadata") or {}
-        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        bodies = [{
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{meta.get('name')}.", "namespace": meta.get("namespace")},
-            "involvedObject": {"apiVersion": names.API_VERSION, "kind": names.KIND, "name": meta.get("name"),
-                               "namespace": meta.get("namespace"), "uid": meta.get("uid"),
-                               "resourceVersion": meta.get("resourceVersion")},
-            "type": e.type,
-            "reason": e.reason,
-            "message": e.message[:EVENT_MESSAGE_CHARS],
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self.instance,
-            "firstTimestamp": now[:19] + "Z",
-            "lastTimestamp": now[:19] + "Z",
-            "eventTime": now,
-            "action": e.reason,
-            "count": 1,
-        } for e in events]
-        results = await asyncio.gather(*(self.api.create(kube.events_url(meta.get("namespace", "")), b) for b in bodies),
-                                       return_exceptions=True)
-        for e in results:
-            if isinstance(e, BaseException):
-                logger.warning("SPMDJob %s/%s: could not post an Event: %s", *loop.key, e)

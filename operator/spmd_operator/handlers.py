@@ -9,12 +9,18 @@ Run it with ``python -m spmd_operator`` or ``kopf run -m spmd_operator.handlers 
 
 No finalizers and no kopf annotations are put on SPMDJobs (only an event handler is used), so
 deleting a job never waits for the operator; children go by garbage collection.
+
+Credentials: one login handler (:func:`login`, kopf's own minimal logins plus exec credential
+plugins, see :func:`spmd_operator.kube.login`) serves both kopf's watch of SPMDJobs and the
+controller's client, so neither needs a client library's object models.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import os
+import socket
 from typing import Any, Final
 
 import kopf
@@ -34,17 +40,6 @@ class _QuietEventHandlers(logging.Filter):
         return not any(message == f"Handler {h!r} succeeded." for h in self._HANDLERS)
 
 
-class _NoDiffBase(kopf.AnnotationsDiffBaseStorage):
-    """kopf's diff base, never built: no handler here reacts to field changes.
-
-    The only handler is an ``on.event``, so diffs are never read; kopf would still deep-copy
-    every job body on every watch event to build one.
-    """
-
-    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
-        return kopf.BodyEssence()
-
-
 def configure_settings(settings: kopf.OperatorSettings) -> None:
     """The kopf settings the operator relies on (also applied under ``kopf run``)."""
     objects_logger = logging.getLogger("kopf.objects")
@@ -54,11 +49,17 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
     settings.posting.enabled = False
     # Nothing of kopf's goes into status (the schema would prune it); keep it in annotations.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
-    settings.persistence.diffbase_storage = _NoDiffBase(prefix=names.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.GROUP)
     # Watches end on the server side before proxies cut them; the client gives a little more.
     settings.watching.server_timeout = 270
     settings.watching.client_timeout = 300
     settings.watching.connect_timeout = 30
+
+
+@kopf.on.login()
+def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+    """kopf's credentials: the service account, else the kubeconfig (exec plugins included)."""
+    return kube.login(settings)
 
 
 @kopf.on.startup()
@@ -67,13 +68,18 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     replica leads, or leader election is off) the job loops."""
     configure_settings(settings)
     ctl_ref: list[controller.Controller] = []
-    metrics = Metrics(lambda: [loop.body for loop in ctl_ref[0].jobs.values()] if ctl_ref else [])
+    metrics = Metrics(lambda: [loop.body for loop in ctl_ref[0].jobs.values()] if ctl_ref else [],
+                      lambda: ctl_ref[0].cache_sizes() if ctl_ref else {})
+    election: dict[str, Any] | None = getattr(memo, "leader_election", None)
+    identity = election["identity"] if election else os.environ.get("POD_NAME") or socket.gethostname()
     api = await kube.Kube.connect(concurrency=int(getattr(memo, "concurrency", kube.DEFAULT_CONCURRENCY)),
-                                  observe=metrics.request)
+                                  observe=metrics.request, user_agent=f"{kube.USER_AGENT}/{identity}",
+                                  settings=settings)
     ctl = controller.Controller(
         api, builders.worker_files(),
         namespaces=getattr(memo, "namespaces", None) or None,
         resync_seconds=float(getattr(memo, "resync_seconds", controller.DEFAULT_RESYNC_SECONDS)),
+        check_seconds=float(getattr(memo, "check_seconds", controller.DEFAULT_CHECK_SECONDS)),
         metrics=metrics,
     )
     ctl_ref.append(ctl)
@@ -81,15 +87,16 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     port = int(getattr(memo, "metrics_port", 0) or 0)
     if port:
         metrics.serve(port)
-    election: dict[str, Any] | None = getattr(memo, "leader_election", None)
-    await ctl.start(activate=election is None)
     if election is not None:
         async def started() -> None:
             ctl.activate()
 
-        memo.elector = leader.LeaderElector(api, election["namespace"], election["name"], election["identity"],
-                                            on_started=started, on_stopped=ctl.deactivate,
-                                            timings=election["timings"])
+        elector = memo.elector = leader.LeaderElector(
+            api, election["namespace"], election["name"], election["identity"],
+            on_started=started, on_stopped=ctl.deactivate, timings=election["timings"])
+        api.may_write = elector.may_write  # the fence: no write unless the Lease is provably ours
+    await ctl.start(activate=election is None)
+    if election is not None:
         memo.elector.start()
 
 

@@ -8,12 +8,22 @@ An informer lists the collection with the server-side label selector ``spmd.mona
 Every object is summarized on arrival (a :class:`~.lifecycle.PodInfo` is a few hundred bytes;
 the pod body is dropped), so memory stays flat at thousands of pods.
 
-The view is never trusted beyond what the server said last: when a watch ends with 410 Gone (the
-version is too old, e.g. after an API server restart) or breaks, the informer lists again and
-REPLACES its store: objects missing from the new list are dropped and their jobs woken, so no
-deleted pod lives on as a ghost. A job's own periodic resync re-reads its children from the
-server too (:meth:`Informer.refresh`), so even a watch that silently missed an event is corrected
-within one resync period.
+The view is never trusted beyond what the server said last, and never before the server said it:
+
+* :attr:`Informer.synced` is False until every watched scope was listed once, and again from the
+  moment a watch ends with 410 Gone (the version is too old, e.g. after an API server restart) or
+  breaks until the list that follows has been read. The controller runs no pass of a job that
+  needs an unsynced informer: an empty store before the first list is not "nothing exists".
+* A re-list REPLACES the store: objects missing from the new list are dropped and their jobs
+  woken, so no deleted pod lives on as a ghost. A watch the server closes at its timeout is
+  simply opened again from the last resourceVersion (bookmarks keep it fresh): no LIST.
+* A list that fails (403: the RBAC rule is missing; 404: the API, e.g. a CRD, is not installed)
+  is kept in :attr:`Informer.failure` for the jobs that need this informer to report; retries
+  back off, up to a minute for those two.
+
+Memory is bounded: a job's entry goes with its last child; the last states of deleted children
+(tombstones) are kept only for jobs the controller still knows (``keep``) and at most
+TOMBSTONE_SECONDS, and :meth:`Informer.forget` drops a deleted job's at once.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -33,6 +44,9 @@ JobKey = tuple[str, str]
 
 #: Seconds between attempts when listing or watching fails, growing to the last.
 BACKOFF_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0)
+#: The same when the list is forbidden (403) or the API does not exist (404): a slow retry, so a
+#: missing RBAC rule or CRD costs the API server little, yet a fix is noticed within a minute.
+ABSENT_BACKOFF_SECONDS = (2.0, 5.0, 15.0, 30.0, 60.0)
 #: How long the last state of a deleted object is kept (see :meth:`Informer.gone`).
 TOMBSTONE_SECONDS = 600.0
 
@@ -49,19 +63,26 @@ class Informer(Generic[T]):
             namespace (and keeps the matching ones).
         on_change: called with the job keys whose children changed.
         name: for logs.
+        on_synced: called after every completed list (the first, and each re-list).
+        keep: whether tombstones of job key are worth keeping (the job is still known).
 
     Attributes:
         ready: set once every namespace was listed the first time.
+        failure: the error of the last failed list, until a list succeeds.
+        lists: how many lists completed (a re-list after a broken watch counts).
     """
 
     def __init__(self, api: kube.Kube, collection: Callable[[str | None], str],
                  summarize: Callable[[Mapping[str, Any]], T | None], *,
-                 namespaces: Iterable[str] | None, on_change: Callable[[set[JobKey]], None], name: str) -> None:
+                 namespaces: Iterable[str] | None, on_change: Callable[[set[JobKey]], None], name: str,
+                 on_synced: Callable[[], None] | None = None, keep: Callable[[JobKey], bool] | None = None) -> None:
         self.api = api
         self.collection = collection
         self.summarize = summarize
         self.on_change = on_change
         self.name = name
+        self.on_synced = on_synced
+        self.keep = keep
         patterns = list(namespaces) if namespaces else []
         self.patterns = patterns
         # A plain name list is watched namespace by namespace (a Role per namespace suffices);
@@ -70,10 +91,22 @@ class Informer(Generic[T]):
         self.store: dict[JobKey, dict[str, tuple[str | None, T]]] = {}
         self.tombstones: dict[JobKey, dict[str, tuple[str | None, T, float]]] = {}
         self.ready = asyncio.Event()
+        self.failure: kube.KubeError | None = None
+        self.lists = 0
         self._listed: set[str | None] = set()
+        self._stale: set[str | None] = set()
         self._tasks: list[asyncio.Task[None]] = []
-        # One set per refresh in flight: the children the watch changed while it was listing.
-        self._refreshing: list[set[tuple[JobKey, str]]] = []
+        self._swept = 0.0
+
+    @property
+    def synced(self) -> bool:
+        """Every scope listed, and no watch broken since its last list."""
+        return len(self._listed) == len(self.scopes) and not self._stale
+
+    def sizes(self) -> tuple[int, int, int]:
+        """(jobs with children, children, tombstones) held: for the memory metrics and tests."""
+        return (len(self.store), sum(len(c) for c in self.store.values()),
+                sum(len(t) for t in self.tombstones.values()))
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -87,14 +120,33 @@ class Informer(Generic[T]):
         A watch's DELETED event carries the object as it was last: for a pod removed with its
         node, that is where the reason (DeletionByPodGC, "node no longer exists") is written.
         """
-        now = asyncio.get_running_loop().time()
+        self._sweep()
         stones = self.tombstones.get(key, {})
-        for name in [n for n, (_, _, t) in stones.items() if now - t > TOMBSTONE_SECONDS]:
-            del stones[name]
         return [summary for owner, summary, _ in stones.values() if owner == uid]
 
+    def forget(self, key: JobKey) -> None:
+        """Drops the tombstones of job ``key`` (deleted: nobody will ask for them)."""
+        self.tombstones.pop(key, None)
+
+    def _sweep(self) -> None:
+        """Drops tombstones older than TOMBSTONE_SECONDS or of jobs no longer known (every 10 s at most)."""
+        now = time.monotonic()
+        if now - self._swept < 10.0:
+            return
+        self._swept = now
+        for key in list(self.tombstones):
+            stones = self.tombstones[key]
+            if self.keep is not None and not self.keep(key):
+                del self.tombstones[key]
+                continue
+            for name in [n for n, (_, _, t) in stones.items() if now - t > TOMBSTONE_SECONDS]:
+                del stones[name]
+            if not stones:
+                del self.tombstones[key]
+
     def deleted_at(self, key: JobKey, name: str) -> float | None:
-        """When the watch last saw the child ``name`` of job ``key`` deleted (loop time), if it did."""
+        """When the watch last saw the child ``name`` of job ``key`` deleted (``time.monotonic``,
+        the clock of asyncio's loop), if it did."""
         stone = self.tombstones.get(key, {}).get(name)
         return stone[2] if stone else None
 
@@ -136,23 +188,20 @@ class Informer(Generic[T]):
         if children.get(name) != (owner, summary):
             children[name] = (owner, summary)
             changed.add(key)
-        for touched in self._refreshing:
-            touched.add((key, name))
 
     def _drop(self, body: Mapping[str, Any], changed: set[JobKey]) -> None:
         meta = body.get("metadata") or {}
         key = (meta.get("namespace") or "", (meta.get("labels") or {}).get(names.LABEL_JOB) or "")
         name = str(meta.get("name", ""))
-        for touched in self._refreshing:
-            touched.add((key, name))
         children = self.store.get(key)
         if children is not None and children.pop(name, None) is not None:
             changed.add(key)
             if not children:
                 del self.store[key]
         entry = self._entry(body)
-        if entry is not None:
-            self.tombstones.setdefault(key, {})[name] = (entry[2], entry[3], asyncio.get_running_loop().time())
+        if entry is not None and (self.keep is None or self.keep(key)):
+            self.tombstones.setdefault(key, {})[name] = (entry[2], entry[3], time.monotonic())
+        self._sweep()
 
     async def _summaries(self, path: str, label_selector: str) -> tuple[dict[JobKey, dict[str, tuple[str | None, T]]], str]:
         """The summaries of a fresh list of ``path``, page by page, and the list's resourceVersion."""
@@ -184,33 +233,6 @@ class Informer(Generic[T]):
                 self.store.pop(key, None)
         return changed
 
-    async def refresh(self, key: JobKey, uid: str) -> list[T]:
-        """Re-reads the children of job ``key`` from the server (the resync), then returns them.
-
-        The list is a snapshot taken when it began; a child the watch changed (or deleted) while
-        the list was read keeps the watch's state, which is as new or newer: replacing it with the
-        snapshot would undo an event the watch will not deliver again (at 4,096 pods, a LIST of
-        two seconds turned a hundred Running pods back into Pending until the next resync).
-        """
-        namespace, job = key
-        touched: set[tuple[JobKey, str]] = set()
-        self._refreshing.append(touched)
-        try:
-            fresh, _ = await self._summaries(self.collection(namespace), f"{names.LABEL_JOB}={job}")
-        finally:
-            self._refreshing.remove(touched)
-        listed = fresh.get(key, {})
-        held = self.store.get(key, {})
-        for name in {name for k, name in touched if k == key}:
-            if name in held:
-                listed[name] = held[name]
-            else:
-                listed.pop(name, None)
-        changed = self._replace(namespace, {key: listed} if listed else {}, keys=[key])
-        if changed:
-            logger.info("%s of %s/%s: the server's list differed from the watch's view; corrected", self.name, *key)
-        return self.get(key, uid)
-
     async def _run(self, scope: str | None) -> None:
         path = self.collection(scope)
         errors = 0
@@ -220,11 +242,16 @@ class Informer(Generic[T]):
                 if not version:
                     fresh, version = await self._summaries(path, names.LABEL_JOB)
                     changed = self._replace(scope, fresh)
+                    self.failure = None
+                    self.lists += 1
                     self._listed.add(scope)
+                    self._stale.discard(scope)
                     if len(self._listed) == len(self.scopes):
                         self.ready.set()
                     if changed:
                         self.on_change(changed)
+                    if self.on_synced is not None and self.synced:
+                        self.on_synced()
                 async for kind, body in self.api.watch(path, resource_version=version, label_selector=names.LABEL_JOB):
                     errors = 0
                     changed = set()
@@ -232,6 +259,7 @@ class Informer(Generic[T]):
                         code = body.get("code")
                         logger.info("%s watch of %s ended with %s; listing again", self.name, scope or "all namespaces", code)
                         version = ""
+                        self._stale.add(scope)
                         break
                     version = str((body.get("metadata") or {}).get("resourceVersion") or version)
                     if kind == "BOOKMARK":
@@ -245,15 +273,23 @@ class Informer(Generic[T]):
             except asyncio.CancelledError:
                 raise
             except kube.KubeError as e:
+                self._stale.add(scope)
                 if e.status == 410:
                     version = ""
                     continue
-                delay = BACKOFF_SECONDS[min(errors, len(BACKOFF_SECONDS) - 1)]
+                absent = e.status in (403, 404) and not version
+                if absent:
+                    self.failure = e
+                table = ABSENT_BACKOFF_SECONDS if absent else BACKOFF_SECONDS
+                delay = table[min(errors, len(table) - 1)]
                 errors += 1
-                logger.warning("%s watch of %s failed (%s); listing again in %ss", self.name, scope or "all namespaces", e, delay)
+                log = logger.info if absent and errors > 1 else logger.warning
+                log("%s %s of %s failed (%s); listing again in %ss", self.name, "list" if not version else "watch",
+                    scope or "all namespaces", e, delay)
                 version = ""
                 await asyncio.sleep(delay)
             except Exception as e:  # a broken stream: list again rather than trust what we hold
+                self._stale.add(scope)
                 delay = BACKOFF_SECONDS[min(errors, len(BACKOFF_SECONDS) - 1)]
                 errors += 1
                 logger.warning("%s watch of %s broke (%r); listing again in %ss", self.name, scope or "all namespaces", e, delay)

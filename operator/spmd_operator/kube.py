@@ -1,31 +1,48 @@
 """The operator's conversation with the Kubernetes API: raw JSON requests, lists and watches.
 
-Where it sits: above :mod:`spmd_operator.names`, below the informers and the controller. It is
-built on ``kubernetes_asyncio`` (a maintained asyncio client): its configuration loaders (the
-in-cluster service account, or a kubeconfig and its current context), its authenticated aiohttp
-session and its token refresh. Requests carry plain JSON, with no object model in between, so a
-pod template field newer than any client library reaches the API server unchanged, and a
-4,096-pod watch costs one ``json.loads`` per event.
+Where it sits: above :mod:`spmd_operator.names`, below the informers, the leader elector and the
+controller. Lean by design: plain ``aiohttp`` (kopf's own HTTP library) with the credentials
+kopf's login produces (:func:`login`: the in-cluster service account, else the kubeconfig's
+current context, through ``kopf.login_with_service_account`` / ``kopf.login_with_kubeconfig``;
+an ``exec`` credential plugin in the kubeconfig is run here, as kubectl runs it). Requests carry
+plain JSON, with no object model in between, so a pod template field newer than any client
+library reaches the API server unchanged, and a 4,096-pod watch costs one ``json.loads`` per
+event.
 
 Errors: every failed request raises :class:`KubeError` with the HTTP status (0 when the server
 could not be reached), the server's reason and message, and the path; callers decide what a 404
 or 409 means for them (:meth:`Kube.create` and :meth:`Kube.delete` give the usual answers).
 Every request is counted through the optional ``observe`` callback (verb, outcome), which the
 metrics use.
+
+Writes (create, patch, replace, delete) pass two gates:
+
+* the fence (``may_write``, set by the leader elector): checked before every attempt, so a
+  replica that cannot prove it still holds the Lease sends nothing (:class:`Fenced`);
+* a fair limiter: at most ``concurrency`` writes in flight, and a free slot goes to the job that
+  has waited longest in turn (round robin over jobs), so a job creating 4,096 pods does not make
+  a 4-pod job queue behind all of them.
+
+The leader elector's own requests take neither gate: they go out at once, each bounded by the
+time left before its renew deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import datetime as dt
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+import os
+import subprocess
+from collections.abc import AsyncIterator, Callable, Hashable, Mapping
 from typing import Any, Final
 from urllib.parse import quote
 
 import aiohttp
-from kubernetes_asyncio import client as k8s_client
-from kubernetes_asyncio import config as k8s_config
+import kopf
+import yaml
 
 from . import names
 
@@ -39,8 +56,12 @@ REQUEST_TIMEOUT: Final = 60.0
 #: Retries of a request that failed with 429, a 5xx or no answer at all, and their back-off.
 RETRIES: Final = 4
 RETRY_BACKOFF: Final = (0.2, 0.5, 1.0, 2.0)
+USER_AGENT: Final = "spmdjob-operator"
 
 Observer = Callable[[str, str], None]
+Login = Callable[[], "kopf.ConnectionInfo"]
+#: Who a write is for (a job's key), so the fair limiter can take turns; None: the operator's own.
+Owner = Hashable
 
 
 class KubeError(Exception):
@@ -66,6 +87,10 @@ class KubeError(Exception):
         if self.status == 403 and "being terminated" in self.message:
             return True
         return self.status == 404 and self.message.startswith("namespaces ") and self.message.endswith("not found")
+
+
+class Fenced(Exception):
+    """A write was not sent: this replica cannot prove it holds the leader Lease."""
 
 
 def pods_url(namespace: str | None, name: str | None = None) -> str:
@@ -127,71 +152,243 @@ def _error(status: int, text: str, path: str) -> KubeError:
     return KubeError(status, text.strip()[:500] or f"HTTP {status}", path=path)
 
 
+
+class FairLimiter:
+    """At most ``limit`` holders at once; a freed slot goes to the owners in turn (round robin).
+
+    A plain semaphore serves waiters first come, first served: thousands of one job's pod
+    creations queued first would all go before a small job's few. Here each owner (a job) has a
+    queue of its own, and the owners take turns.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self.held = 0
+        self._queues: collections.OrderedDict[Owner, collections.deque[asyncio.Future[None]]] = collections.OrderedDict()
+
+    async def acquire(self, owner: Owner) -> None:
+        if self.held < self.limit and not self._queues:
+            self.held += 1
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queues.setdefault(owner, collections.deque()).append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # the slot was handed over just as the waiter was cancelled
+            else:
+                queue = self._queues.get(owner)
+                if queue is not None and waiter in queue:
+                    queue.remove(waiter)
+                    if not queue:
+                        del self._queues[owner]
+            raise
+
+    def release(self) -> None:
+        self.held -= 1
+        while self._queues and self.held < self.limit:
+            owner, queue = next(iter(self._queues.items()))
+            waiter = queue.popleft()
+            del self._queues[owner]
+            if queue:
+                self._queues[owner] = queue  # to the back of the line: the next owner goes next
+            if not waiter.done():
+                self.held += 1
+                waiter.set_result(None)
+
+    def waiting(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+
+class _Slot:
+    def __init__(self, limiter: FairLimiter, owner: Owner) -> None:
+        self.limiter, self.owner = limiter, owner
+
+    async def __aenter__(self) -> None:
+        await self.limiter.acquire(self.owner)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.limiter.release()
+
+
+# --- credentials ------------------------------------------------------------------------------
+
+
+def login(settings: kopf.OperatorSettings | None = None) -> kopf.ConnectionInfo:
+    """Credentials as kubectl finds them: the in-cluster service account, else $KUBECONFIG (or
+    ~/.kube/config) and its current context.
+
+    kopf's own minimal logins read the files; a kubeconfig user with an ``exec`` plugin (cloud
+    providers' token helpers) is run here and its ExecCredential's token or client certificate
+    used, with its expiration (kopf logs in again when it passes; :class:`Kube` on a 401).
+    Supported: bearer tokens, client certificates, basic auth, exec plugins. Not supported: the
+    deprecated ``auth-provider`` refresh flows (their current access-token is used as is).
+
+    Raises:
+        kopf.LoginError: no credentials found.
+    """
+    settings = settings or kopf.OperatorSettings()
+    info = kopf.login_with_service_account(settings=settings)
+    if info is not None:
+        return info
+    info = kopf.login_with_kubeconfig(settings=settings)
+    if info is None:
+        raise kopf.LoginError("no credentials: neither a service account nor a kubeconfig ($KUBECONFIG, ~/.kube/config)")
+    plugin = _exec_plugin()
+    if plugin is None:
+        return info
+    return _run_exec_plugin(info, plugin)
+
+
+def _exec_plugin() -> dict[str, Any] | None:
+    """The current context's user's ``exec`` section, if any (the first kubeconfig file naming it wins)."""
+    paths = [os.path.expanduser(p.strip()) for p in (os.environ.get("KUBECONFIG") or "~/.kube/config").split(os.pathsep) if p.strip()]
+    current, contexts, users = None, {}, {}
+    for path in paths:
+        if not os.path.exists(path):
+            continue
+        with open(path, encoding="utf-8") as f:
+            config = yaml.safe_load(f) or {}
+        current = current or config.get("current-context")
+        for item in config.get("contexts") or []:
+            contexts.setdefault(item.get("name"), item.get("context") or {})
+        for item in config.get("users") or []:
+            users.setdefault(item.get("name"), item.get("user") or {})
+    user = users.get(contexts.get(current, {}).get("user"), {})
+    plugin = user.get("exec")
+    return plugin if isinstance(plugin, dict) else None
+
+
+def _run_exec_plugin(info: kopf.ConnectionInfo, plugin: Mapping[str, Any]) -> kopf.ConnectionInfo:
+    """Runs a client-go credential plugin and folds its ExecCredential into ``info``."""
+    import dataclasses
+
+    env = {**os.environ, **{e["name"]: e["value"] for e in plugin.get("env") or []}}
+    env["KUBERNETES_EXEC_INFO"] = json.dumps({
+        "apiVersion": plugin.get("apiVersion", "client.authentication.k8s.io/v1"), "kind": "ExecCredential",
+        "spec": {"interactive": False}})
+    argv = [str(plugin.get("command")), *[str(a) for a in plugin.get("args") or []]]
+    try:
+        out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+        status = json.loads(out).get("status") or {}
+    except (OSError, subprocess.SubprocessError, ValueError) as e:
+        raise kopf.LoginError(f"the kubeconfig's exec credential plugin {argv[0]!r} failed: {e}") from e
+    expiration = None
+    if status.get("expirationTimestamp"):
+        expiration = dt.datetime.fromisoformat(str(status["expirationTimestamp"]).replace("Z", "+00:00"))
+    return dataclasses.replace(
+        info, token=status.get("token") or info.token,
+        certificate_data=status.get("clientCertificateData") or info.certificate_data,
+        private_key_data=status.get("clientKeyData") or info.private_key_data,
+        certificate_path=None if status.get("clientCertificateData") else info.certificate_path,
+        private_key_path=None if status.get("clientKeyData") else info.private_key_path,
+        expiration=expiration)
+
+
+# --- the client -------------------------------------------------------------------------------
+
+
 class Kube:
-    """Raw JSON requests to the API server with a shared concurrency limit for writes.
+    """Raw JSON requests to the API server; writes fenced and fairly limited.
 
     Args:
-        api: a configured ``kubernetes_asyncio`` ApiClient (see :meth:`connect`).
+        info: where the API server is and how to log in (see :func:`login`).
         concurrency: the most writes in flight at once, across all jobs.
         observe: called with (verb, outcome) after every request; outcome is the HTTP status
             class (``2xx``, ``4xx``, ``5xx``) or ``error`` when the server was not reached.
+        relogin: called for fresh credentials after a 401 (a rotated token, an expired exec
+            credential); None: a 401 is final.
+        user_agent: the User-Agent header (the API server's audit log records it): tells
+            replicas apart.
+
+    Attributes:
+        may_write: the fence, asked before every write attempt; None: always (no election).
     """
 
-    def __init__(self, api: k8s_client.ApiClient, concurrency: int = DEFAULT_CONCURRENCY,
-                 observe: Observer | None = None) -> None:
-        self._api = api
+    def __init__(self, info: kopf.ConnectionInfo, concurrency: int = DEFAULT_CONCURRENCY,
+                 observe: Observer | None = None, *, relogin: Login | None = None,
+                 user_agent: str = USER_AGENT) -> None:
+        self.info = info
         self.concurrency = max(1, concurrency)
-        self._limit = asyncio.Semaphore(self.concurrency)
+        self.limiter = FairLimiter(self.concurrency)
         self.observe = observe
+        self.relogin = relogin
+        self.user_agent = user_agent
+        self.may_write: Callable[[], bool] | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._headers: dict[str, str] = {}
 
     @classmethod
-    async def connect(cls, *, kubeconfig: str | None = None, context: str | None = None,
-                      concurrency: int = DEFAULT_CONCURRENCY, observe: Observer | None = None) -> Kube:
-        """Logs in like kubectl: the in-cluster service account if present, else the kubeconfig."""
-        configuration = k8s_client.Configuration()
+    async def connect(cls, *, concurrency: int = DEFAULT_CONCURRENCY, observe: Observer | None = None,
+                      user_agent: str = USER_AGENT, settings: kopf.OperatorSettings | None = None) -> Kube:
+        """Logs in like kubectl (see :func:`login`) and opens the connection pool."""
+        api = cls(login(settings), concurrency, observe, relogin=lambda: login(settings), user_agent=user_agent)
+        api._open()
+        return api
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            info = self.info
+            connector = aiohttp.TCPConnector(ssl=info.as_ssl_context() if info.server.startswith("https") else False,
+                                             limit=self.concurrency + 16)
+            self._session = aiohttp.ClientSession(
+                base_url=info.server.rstrip("/") + "/", connector=connector, trust_env=info.trust_env,
+                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT))
+            self._headers = {**info.as_http_headers(), "Accept": "application/json", "User-Agent": self.user_agent}
+        return self._session
+
+    async def _login_again(self) -> bool:
+        if self.relogin is None:
+            return False
         try:
-            if kubeconfig:
-                raise k8s_config.ConfigException("a kubeconfig was given")
-            k8s_config.load_incluster_config(client_configuration=configuration)
-        except k8s_config.ConfigException:
-            await k8s_config.load_kube_config(config_file=kubeconfig, context=context,
-                                              client_configuration=configuration)
-        configuration.connection_pool_maxsize = max(concurrency + 8, 16)
-        return cls(k8s_client.ApiClient(configuration), concurrency, observe)
+            info = await asyncio.get_running_loop().run_in_executor(None, self.relogin)
+        except Exception as e:  # noqa: BLE001 - a failed re-login leaves the 401 to the caller
+            logger.warning("logging in again after a 401 failed: %s", e)
+            return False
+        old, self._session = self._session, None
+        self.info = info
+        self._open()
+        if old is not None:
+            await old.close()
+        return True
 
     async def close(self) -> None:
-        await self._api.close()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     def _count(self, verb: str, status: int) -> None:
         if self.observe is not None:
             self.observe(verb, f"{status // 100}xx" if status else "error")
 
-    async def _send(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
-                    body: Any = None, content_type: str = "application/json",
-                    timeout: Any = REQUEST_TIMEOUT) -> aiohttp.ClientResponse:
-        return await self._api.call_api(
-            path, method,
-            query_params=list((query or {}).items()),
-            header_params={"Content-Type": content_type, "Accept": "application/json"},
-            body=body,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _request_timeout=timeout,
-        )
+    def _fence(self, method: str, path: str) -> None:
+        if self.may_write is not None and not self.may_write():
+            raise Fenced(f"{method} {path} not sent: this replica does not hold the leader Lease")
 
     async def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
-                      body: Any = None, content_type: str = "application/json", decode: bool = True) -> Any:
+                      body: Any = None, content_type: str = "application/json", decode: bool = True,
+                      timeout: float = REQUEST_TIMEOUT, retries: int = RETRIES, fenced: bool = False) -> Any:
         """One request; returns the decoded JSON answer (``decode=False``: True, the answer unread).
-        Retries 429, 5xx and lost connections.
+        Retries 429, 5xx and lost connections ``retries`` times; each attempt is bounded by
+        ``timeout`` seconds. With ``fenced`` every attempt first asks the fence.
 
         Raises:
             KubeError: any other failure, or the last one once the retries are used up.
+            Fenced: ``fenced`` and the fence said no.
         """
         verb = method.lower()
-        for attempt in range(RETRIES + 1):
+        data = None if body is None else json.dumps(body)
+        relogged = False
+        attempt = 0
+        while True:
+            if fenced:
+                self._fence(method, path)
+            session = self._open()
+            headers = {**self._headers, "Content-Type": content_type}
             try:
-                response = await self._send(method, path, query=query, body=body, content_type=content_type)
-                async with response:
+                async with session.request(method, path.lstrip("/"), params=dict(query or {}), data=data,
+                                           headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)) as response:
                     status = response.status
                     raw = await response.read()  # read whole, so that the connection is reused
                 text = raw.decode("utf-8", "replace") if decode or not 200 <= status < 300 else ""
@@ -205,12 +402,16 @@ class Kube:
                         return True
                     return json.loads(text) if text else {}
                 error = _error(status, text, path)
+                if status == 401 and not relogged:
+                    relogged = True
+                    if await self._login_again():
+                        continue
                 if status != 429 and status < 500:
                     raise error
-            if attempt == RETRIES:
+            if attempt >= retries:
                 raise error
             await asyncio.sleep(RETRY_BACKOFF[min(attempt, len(RETRY_BACKOFF) - 1)])
-        raise AssertionError("unreachable")
+            attempt += 1
 
     async def get(self, path: str) -> dict[str, Any] | None:
         """The object at ``path``, or None when it does not exist (404)."""
@@ -238,30 +439,36 @@ class Kube:
                 return
             query["continue"] = meta["continue"]
 
-    async def create(self, path: str, body: Mapping[str, Any], *, keep: bool = True) -> Any:
+    def slot(self, owner: Owner = None) -> _Slot:
+        """A place among the writes in flight, taken in turn with the other owners' writes."""
+        return _Slot(self.limiter, owner)
+
+    async def create(self, path: str, body: Mapping[str, Any], *, keep: bool = True, owner: Owner = None) -> Any:
         """POSTs ``body`` to the collection ``path``; the created object (``keep=False``: True), or
         None if the name is taken (409). Not keeping the answer saves decoding thousands of pods."""
-        async with self._limit:
+        async with self.slot(owner):
             try:
-                return await self.request("POST", path, body=dict(body), decode=keep)
+                return await self.request("POST", path, body=dict(body), decode=keep, fenced=True)
             except KubeError as e:
                 if e.status == 409 and e.reason == "AlreadyExists":
                     return None
                 raise
 
-    async def patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
-        """Applies a JSON merge patch to the object at ``path``; returns the object as patched."""
-        async with self._limit:
-            result = await self.request("PATCH", path, body=dict(patch), content_type=MERGE_PATCH)
+    async def patch(self, path: str, patch: Mapping[str, Any], *, owner: Owner = None) -> dict[str, Any]:
+        """Applies a JSON merge patch to the object at ``path``; returns the object as patched.
+        A ``metadata.resourceVersion`` in the patch makes it conditional (409 Conflict if stale)."""
+        async with self.slot(owner):
+            result = await self.request("PATCH", path, body=dict(patch), content_type=MERGE_PATCH, fenced=True)
         return result if isinstance(result, dict) else {}
 
-    async def replace(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    async def replace(self, path: str, body: Mapping[str, Any], *, owner: Owner = None) -> dict[str, Any]:
         """PUTs the whole object (its metadata.resourceVersion makes it conditional: 409 if stale)."""
-        async with self._limit:
-            result = await self.request("PUT", path, body=dict(body))
+        async with self.slot(owner):
+            result = await self.request("PUT", path, body=dict(body), fenced=True)
         return result if isinstance(result, dict) else {}
 
-    async def delete(self, path: str, *, uid: str | None = None, propagation: str = "Background") -> bool:
+    async def delete(self, path: str, *, uid: str | None = None, propagation: str = "Background",
+                     owner: Owner = None) -> bool:
         """Deletes the object at ``path``; False when it is already gone (404).
 
         With ``uid`` the deletion is conditional (a precondition): an object of the same name but
@@ -270,9 +477,9 @@ class Kube:
         options: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
         if uid:
             options["preconditions"] = {"uid": uid}
-        async with self._limit:
+        async with self.slot(owner):
             try:
-                await self.request("DELETE", path, body=options)
+                await self.request("DELETE", path, body=options, fenced=True)
             except KubeError as e:
                 if e.status == 404 or (uid and e.status == 409):
                     return False
@@ -292,11 +499,14 @@ class Kube:
         if label_selector:
             query["labelSelector"] = label_selector
         timeout = aiohttp.ClientTimeout(total=None, connect=30, sock_connect=30, sock_read=timeout_seconds + 30)
-        response = await self._send("GET", path, query=query, timeout=timeout)
-        async with response:
+        session = self._open()
+        async with session.get(path.lstrip("/"), params=query, headers=self._headers, timeout=timeout) as response:
             self._count("watch", response.status)
             if response.status != 200:
-                raise _error(response.status, await response.text(), path)
+                error = _error(response.status, await response.text(), path)
+                if response.status == 401:
+                    await self._login_again()
+                raise error
             buffer = b""
             async for chunk in response.content.iter_any():
                 buffer += chunk

@@ -24,7 +24,15 @@ spmdjob_api_requests_total                 counter    verb (get, list, watch, po
 spmdjob_pods_created_total                 counter    pods this replica created
 spmdjob_pods_deleted_total                 counter    pods this replica deleted
 spmdjob_leader                             gauge      1 while this replica holds the Lease
+spmdjob_cache_entries                      gauge      informer (pods, services, configmaps,
+                                                      workloads, podgroups), kind (jobs, objects,
+                                                      tombstones): what the informers hold
 =========================================  =========  =============================================
+
+Thread safety: prometheus_client scrapes on a thread of its own while the controller's asyncio
+loop changes its jobs and caches. The computed gauges (spmdjob_jobs, spmdjob_cache_entries) are
+therefore read on the event loop itself (:meth:`Metrics.bind`): the scrape thread asks the loop
+for a snapshot and waits for it (a few seconds at most), never walking live dicts.
 
 Cardinality is bounded: no label holds a job or pod name (a cluster runs thousands of jobs over
 time; per-job series would grow without end and belong to kube-state-metrics-style exporters of
@@ -33,7 +41,11 @@ the jobs' status). Namespaces and phases, reasons, verbs and outcomes are small 
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import datetime as dt
+import logging
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
@@ -41,29 +53,75 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .lifecycle.model import parse_time
+
 #: Seconds: from a few seconds (a small CPU job) to hours (a large gang waiting for GPUs).
 SLOW_BUCKETS: Final = (1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
 PASS_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 DEFAULT_PORT: Final = 9090
 
 
-class _JobsByPhase(Collector):
-    """spmdjob_jobs, computed at scrape time from the jobs the controller knows."""
+logger = logging.getLogger(__name__)
+#: How long a scrape waits for the event loop's snapshot.
+SNAPSHOT_TIMEOUT: Final = 5.0
 
-    def __init__(self, jobs: Callable[[], Iterable[Mapping[str, Any]]]) -> None:
+Caches = Mapping[str, tuple[int, int, int]]
+
+
+class _Snapshot(Collector):
+    """spmdjob_jobs and spmdjob_cache_entries, computed from a snapshot taken on the event loop."""
+
+    def __init__(self, jobs: Callable[[], Iterable[Mapping[str, Any]]], caches: Callable[[], Caches]) -> None:
         self.jobs = jobs
+        self.caches = caches
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def take(self) -> tuple[dict[tuple[str, str], int], dict[str, tuple[int, int, int]]]:
+        """Counts jobs by (namespace, phase) and copies the cache sizes (call on the loop)."""
+        counts: dict[tuple[str, str], int] = {}
+        for body in list(self.jobs()):
+            key = ((body.get("metadata") or {}).get("namespace", ""),
+                   str((body.get("status") or {}).get("phase") or "New"))
+            counts[key] = counts.get(key, 0) + 1
+        return counts, dict(self.caches())
+
+    def _on_loop(self) -> tuple[dict[tuple[str, str], int], dict[str, tuple[int, int, int]]]:
+        loop = self.loop
+        if loop is None or not loop.is_running() or _loop_thread(loop) == threading.get_ident():
+            return self.take()
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                done.set_result(self.take())
+            except Exception as e:  # noqa: BLE001 - handed to the scraping thread
+                done.set_exception(e)
+
+        loop.call_soon_threadsafe(run)
+        return done.result(timeout=SNAPSHOT_TIMEOUT)
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        family = GaugeMetricFamily("spmdjob_jobs", "SPMDJobs this replica knows, by namespace and phase",
-                                   labels=["namespace", "phase"])
-        counts: dict[tuple[str, str], int] = {}
-        for body in self.jobs():
-            key = ((body.get("metadata") or {}).get("namespace", ""),
-                   (body.get("status") or {}).get("phase") or "New")
-            counts[key] = counts.get(key, 0) + 1
+        jobs = GaugeMetricFamily("spmdjob_jobs", "SPMDJobs this replica knows, by namespace and phase",
+                                 labels=["namespace", "phase"])
+        caches = GaugeMetricFamily("spmdjob_cache_entries", "Entries the informers hold, by informer and kind",
+                                   labels=["informer", "kind"])
+        try:
+            counts, sizes = self._on_loop()
+        except (concurrent.futures.TimeoutError, RuntimeError) as e:
+            logger.warning("metrics: no snapshot from the event loop (%r); spmdjob_jobs left out of this scrape", e)
+            return
         for (namespace, phase), n in sorted(counts.items()):
-            family.add_metric([namespace, phase], n)
-        yield family
+            jobs.add_metric([namespace, phase], n)
+        for name, (keys, objects, tombstones) in sorted(sizes.items()):
+            caches.add_metric([name, "jobs"], keys)
+            caches.add_metric([name, "objects"], objects)
+            caches.add_metric([name, "tombstones"], tombstones)
+        yield jobs
+        yield caches
+
+
+def _loop_thread(loop: asyncio.AbstractEventLoop) -> int | None:
+    return getattr(loop, "_thread_id", None)
 
 
 class Metrics:
@@ -71,9 +129,11 @@ class Metrics:
 
     Args:
         jobs: returns the job bodies the controller knows (for spmdjob_jobs).
+        caches: returns informer name -> (jobs, objects, tombstones) (for spmdjob_cache_entries).
     """
 
-    def __init__(self, jobs: Callable[[], Iterable[Mapping[str, Any]]] = lambda: ()) -> None:
+    def __init__(self, jobs: Callable[[], Iterable[Mapping[str, Any]]] = lambda: (),
+                 caches: Callable[[], Caches] = lambda: {}) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.created = Counter("spmdjob_jobs_created", "SPMDJobs whose first pass ran", registry=r)
@@ -95,7 +155,12 @@ class Metrics:
         self.pods_created = Counter("spmdjob_pods_created", "Pods created", registry=r)
         self.pods_deleted = Counter("spmdjob_pods_deleted", "Pods deleted", registry=r)
         self.leader = Gauge("spmdjob_leader", "1 while this replica holds the leader Lease", registry=r)
-        r.register(_JobsByPhase(jobs))
+        self.snapshot = _Snapshot(jobs, caches)
+        r.register(self.snapshot)
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Takes the computed gauges' snapshots on ``loop`` (the controller's) from now on."""
+        self.snapshot.loop = loop
 
     def request(self, verb: str, outcome: str) -> None:
         """The :class:`~.kube.Kube` observer: one API request done."""
@@ -141,10 +206,5 @@ class Metrics:
 
 
 def _age(created: str | None, now: dt.datetime) -> float | None:
-    if not created:
-        return None
-    try:
-        t = dt.datetime.fromisoformat(created.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return max(0.0, (now - t).total_seconds())
+    t = parse_time(created)
+    return None if t is None else max(0.0, (now - t).total_seconds())

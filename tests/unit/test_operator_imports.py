@@ -1,10 +1,11 @@
-"""The operator's entry point (``main``, as ``python -m spmd_operator`` runs it) loads
-kubernetes_asyncio without its 768 object models, and what it loads still logs in from a
-kubeconfig and builds an API client (a process of its own, running the operator against a
-server that is not there)."""
+"""The operator's entry point (``main``, as ``python -m spmd_operator`` runs it) loads no client
+library's object models: it speaks plain JSON over aiohttp with the credentials of kopf's login.
+What it loads still logs in from a kubeconfig, including one whose user runs an exec credential
+plugin (a process of its own, running the operator against a server that is not there)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,22 +17,17 @@ PROGRAM = textwrap.dedent("""
     from spmd_operator import __main__ as entry
 
     def report():  # once the operator runs (it keeps retrying a server that is not there)
-        time.sleep(float(sys.argv[2]))
+        time.sleep(float(sys.argv[1]))
         from spmd_operator import kube
-        models = [m for m in sys.modules if m.startswith("kubernetes_asyncio.client.models.")]
-        apis = [m for m in sys.modules if m.startswith("kubernetes_asyncio.client.api.")]
-
-        async def login():
-            api = await kube.Kube.connect(kubeconfig=os.environ["KUBECONFIG"])
-            host = api._api.configuration.host
-            await api.close()
-            return host
-
-        print(len(models), len(apis), asyncio.run(login()), flush=True)
+        loaded = sorted({m.split(".")[0] for m in sys.modules
+                         if m.split(".")[0] in ("kubernetes", "kubernetes_asyncio", "pykube")
+                         and sys.modules[m] is not None})
+        info = kube.login()
+        print(",".join(loaded) or "-", info.server, info.token, flush=True)
         os._exit(0)
 
     threading.Thread(target=report, daemon=True).start()
-    entry.main(["--all-namespaces", "--no-leader-election", "--metrics-port", "0"])
+    entry.main(["--all-namespaces", "--no-leader-election", "--metrics-port", "0", "--liveness", ""])
 """)
 
 KUBECONFIG = """\
@@ -43,14 +39,41 @@ contexts: [{name: x, context: {cluster: c, user: u}}]
 current-context: x
 """
 
+PLUGIN = ("import json, os; print(json.dumps({'apiVersion': 'client.authentication.k8s.io/v1', "
+          "'kind': 'ExecCredential', 'status': {'token': os.environ['TOKEN_FROM'] + '-token', "
+          "'expirationTimestamp': '2099-01-01T00:00:00Z'}}))")
 
-def test_the_operator_loads_the_client_without_its_models(tmp_path: Path) -> None:
+
+def exec_kubeconfig() -> str:
+    """A kubeconfig whose user runs a credential plugin (JSON is YAML)."""
+    return json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "x",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:9", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"exec": {
+            "apiVersion": "client.authentication.k8s.io/v1", "command": sys.executable, "args": ["-c", PLUGIN],
+            "env": [{"name": "TOKEN_FROM", "value": "plugin"}]}}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+    })
+
+
+def run_operator(config: Path) -> list[str]:
+    env = {**os.environ, "KUBECONFIG": str(config)}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    out = subprocess.run([sys.executable, "-c", PROGRAM, "3"], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+def test_the_operator_loads_no_client_library(tmp_path: Path) -> None:
     config = tmp_path / "kubeconfig"
     config.write_text(KUBECONFIG)
-    env = {**os.environ, "KUBECONFIG": str(config)}
-    out = subprocess.run([sys.executable, "-c", PROGRAM, str(config), "3"], capture_output=True, text=True,
-                         timeout=120, env=env)
-    assert out.returncode == 0, out.stderr
-    models, apis, host = out.stdout.split()
-    assert (models, apis) == ("0", "0"), "object models or API classes were imported"
-    assert host == "https://127.0.0.1:9"
+    loaded, server, token = run_operator(config)
+    assert loaded == "-", f"client libraries imported: {loaded}"
+    assert (server, token) == ("https://127.0.0.1:9", "abc")
+
+
+def test_an_exec_credential_plugin_is_run_for_a_token(tmp_path: Path) -> None:
+    config = tmp_path / "kubeconfig"
+    config.write_text(exec_kubeconfig())
+    _, server, token = run_operator(config)
+    assert (server, token) == ("https://127.0.0.1:9", "plugin-token")

@@ -8,6 +8,7 @@ objects (:func:`pod_info`, :func:`child_info`); nothing here talks to Kubernetes
 from __future__ import annotations
 
 import datetime as dt
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -16,13 +17,32 @@ from monarch_spmd.spec import JobSpec, SpecError
 
 from .. import names
 
-PENDING: Final = "Pending"
-RUNNING: Final = "Running"
-RESTARTING: Final = "Restarting"
-SUCCEEDED: Final = "Succeeded"
-FAILED: Final = "Failed"
-SUSPENDED: Final = "Suspended"
-PHASES: Final = (PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED)
+
+class Phase(str, enum.Enum):
+    """``status.phase``: each member IS its string (the CRD's enum, printer columns and JSON use
+    the strings; ``Phase.RUNNING == "Running"``)."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+PENDING: Final = Phase.PENDING
+RUNNING: Final = Phase.RUNNING
+RESTARTING: Final = Phase.RESTARTING
+SUCCEEDED: Final = Phase.SUCCEEDED
+FAILED: Final = Phase.FAILED
+SUSPENDED: Final = Phase.SUSPENDED
+PHASES: Final = tuple(Phase)
 TERMINAL: Final = frozenset({SUCCEEDED, FAILED})
 
 #: Condition types, in the order they are listed.
@@ -253,6 +273,8 @@ class Observed:
         workload: the job's Kueue Workload, None when it does not exist.
         rejection: the API server's message when it refused a pod built from the template in
             the previous pass (what neither the CRD nor the parser can check), else None.
+        unavailable: (reason, message) when an optional API the job names (Kueue Workloads,
+            PodGroups) cannot be used: forbidden by RBAC or not installed; else None.
         now: the current time (timezone-aware).
     """
 
@@ -267,6 +289,7 @@ class Observed:
     podgroups: tuple[ChildInfo, ...] = ()
     workload: WorkloadInfo | None = None
     rejection: str | None = None
+    unavailable: tuple[str, str] | None = None
     now: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc))
 
 
@@ -330,11 +353,17 @@ def format_time(t: dt.datetime) -> str:
 
 
 def parse_time(text: object) -> dt.datetime | None:
-    """Parses a Kubernetes time; None for a missing or malformed one."""
+    """Parses a Kubernetes time (RFC 3339, ``Z`` or an offset, any fraction of a second); None for
+    a missing or malformed one. The operator's one time parser."""
     if not isinstance(text, str) or not text:
         return None
+    text = text.strip().replace("Z", "+00:00").replace("z", "+00:00")
+    if "." in text:  # Python 3.10 takes at most 6 digits of fraction; the API server may send 9
+        head, _, rest = text.partition(".")
+        digits = len(rest) - len(rest.lstrip("0123456789"))
+        text = f"{head}.{rest[:digits][:6].ljust(6, '0')}{rest[digits:]}"
     try:
-        t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        t = dt.datetime.fromisoformat(text)
     except ValueError:
         return None
     return t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)

@@ -6,6 +6,15 @@ higher priority, or its queue stopped). Holding deletes every pod and sets phase
 (startTime is dropped, so the deadline clock restarts at the resume); an eviction is therefore no
 failure and uses up no restart. Resuming waits until the held gang's pods are gone, then creates
 the same attempt again with a new startTime.
+
+Deleting pods needs positive evidence: a Workload that exists and is not admitted, or is
+evicted. A job that has pods but no Workload in the (synced) view gets its Workload created and
+keeps running until Kueue says otherwise; the controller never runs a pass on an informer that
+has not listed yet, so "no Workload seen" is never "the store is still empty".
+
+A job naming an API that cannot be used (:attr:`Observed.unavailable`: the Workload or PodGroup
+API forbidden by RBAC or not installed) creates nothing and deletes nothing: its status says why
+(condition Created False, phase Pending) with one Warning Event; other jobs are not affected.
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ def _hold(p: Pass) -> tuple[str, str] | None:
     w = p.o.workload
     if w is not None and w.admitted:
         return None
+    if w is None and p.phase not in (None, SUSPENDED) and any(not pod.deleting for pod in p.o.pods):
+        return None  # no evidence against running pods: the Workload is created, Kueue decides
     queue = p.spec.scheduling_queue
     if w is not None and w.evicted:
         return "Evicted", f"Kueue evicted the job ({w.evicted}): {w.message or 'no message'}; it waits in queue {queue} again"
@@ -35,8 +46,27 @@ def _hold(p: Pass) -> tuple[str, str] | None:
     return WAITING_FOR_ADMISSION, f"waiting for Kueue to admit all {p.pods_per_attempt} pods on queue {queue}{detail}"
 
 
+def blocked(p: Pass) -> bool:
+    """A job whose scheduling API cannot be used: it says why and waits; True when that is so."""
+    if p.o.unavailable is None or p.spec.suspend:
+        return False
+    reason, message = p.o.unavailable
+    before = next((c for c in p.conditions if c.get("type") == "Created"), {})
+    if before.get("status") == "True":
+        return True  # created before the API went away: its pods are left alone, nothing is written
+    if before.get("reason") != reason:
+        p.event(EVENT_WARNING, reason, message)
+    if p.phase is None:
+        p.new["phase"] = PENDING
+    p.condition("Created", "False", reason, message)
+    return True
+
+
 def handle(p: Pass) -> bool:
     """Suspends, holds, or resumes the job; True when this pass is about suspension."""
+    if blocked(p):
+        p.counts(p.current())
+        return True
     pods = list(p.o.pods)
     hold = _hold(p)
     if hold is not None:
