@@ -1,13 +1,16 @@
 """Print the latest tables of every benchmark from benchmarks/out/*.json, as Markdown.
 
-    python -m benchmarks.report
+    python -m benchmarks.report            # the tables
+    python -m benchmarks.report --plots    # and the pictures of them (benchmarks/plots/*.png)
 
 Used to refresh benchmarks/RESULTS.md after a full run: each section gives the command that made
-it, the machine and the table the benchmark printed.
+it, the machine and the table the benchmark printed; ``--plots`` draws the same tables as PNGs
+next to RESULTS.md (:mod:`benchmarks.plots`, the ``bench`` extra's matplotlib).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from benchmarks import gang_restart, launch_overhead, operator_scale
@@ -28,7 +31,10 @@ SECTIONS = (
 )
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--plots", action="store_true", help="also draw benchmarks/plots/*.png from the same results")
+    args = ap.parse_args(argv)
     for name, title, render in SECTIONS:
         path = OUT_DIR / f"{name}.json"
         if not path.exists():
@@ -37,6 +43,10 @@ def main() -> int:
             continue
         data = json.loads(path.read_text())
         print(f"## {title}\n\n`{data['command']}`\n\n```\n{render(data)}\n```\n")
+    if args.plots:
+        from benchmarks import plots
+
+        return plots.main([])
     return 0
 
 
