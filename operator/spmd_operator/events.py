@@ -14,7 +14,9 @@ Where it sits: beside the controller (which hands it each pass's Events), above 
   AGGREGATE_SECONDS increments ``count`` and moves ``lastTimestamp`` on the first Event (a PATCH)
   instead of posting another. Like client-go's, this memory is the process's own: after a
   restart the next repeat starts a new Event.
-* Best effort, as Events are: a failure is logged, never raised.
+* A transition's Event is not best effort: if it cannot be posted, :meth:`EventRecorder.record`
+  raises and the pass stops before its status patch (it is retried, and the Event with it).
+  Other Events (a failed pass's ReconcileError, NameTaken) are best effort: logged, never raised.
 """
 
 from __future__ import annotations
@@ -104,45 +106,61 @@ class EventRecorder:
         for k in [k for k, r in recent.items() if loop_time - r.at > AGGREGATE_SECONDS]:
             del recent[k]
         posted = self._posted.setdefault(key, set())
+        failed: Exception | None = None
         for i, e in enumerate(events):
             message = e.message[:EVENT_MESSAGE_CHARS]
             if transition is not None:
                 name = event_name(key[1], uid, transition, i, e.type, e.reason)
             else:
                 name = event_name(key[1], uid, e.type, e.reason, message)
-            if name in posted:
+            if transition is not None and name in posted:
                 continue  # this pass was repeated after a failure: written already
             content = (e.type, e.reason, message)
             try:
                 seen = recent.get(content)
-                if seen is not None and seen.name != name and await self._aggregate(key[0], seen):
+                if seen is not None and await self._aggregate(key[0], seen.name, seen.count + 1):
                     seen.count += 1
                     seen.at = loop_time
                 else:
                     now = _now()
                     body = self._body(meta, e, message, name, now)
                     created = await self.api.create(kube.events_url(key[0]), body, keep=False, owner=key)
-                    if created is not None:
-                        recent[content] = _Recent(name, 1, now, loop_time)
+                    count = 1
+                    if created is None and transition is None:
+                        # A repeat whose first occurrence an earlier process posted: count it there.
+                        count = await self._bump(key[0], name)
+                    recent[content] = _Recent(name, count, now, loop_time)
                 posted.add(name)
             except kube.Fenced as err:
+                if transition is not None:
+                    raise
                 logger.info("SPMDJob %s/%s: Event %s not posted: %s", *key, e.reason, err)
                 return
-            except Exception as err:  # noqa: BLE001 - Events are best effort
+            except Exception as err:  # noqa: BLE001 - the transition's pass is retried; others are best effort
                 logger.warning("SPMDJob %s/%s: could not post an Event: %s", *key, err)
+                failed = failed or err
         if len(posted) > 256:  # only the newest transitions can repeat
             self._posted[key] = set(list(posted)[-64:])
+        if failed is not None and transition is not None:
+            raise failed
 
-    async def _aggregate(self, namespace: str, seen: _Recent) -> bool:
-        """Counts one more occurrence on the Event ``seen``; False when it no longer exists."""
+    async def _aggregate(self, namespace: str, name: str, count: int) -> bool:
+        """Sets the Event ``name``'s count and lastTimestamp; False when it cannot (gone, or no
+        RBAC to patch Events): a new Event is posted instead."""
         try:
-            await self.api.patch(f"{kube.events_url(namespace)}/{seen.name}",
-                                 {"count": seen.count + 1, "lastTimestamp": _now()[:19] + "Z"})
+            await self.api.patch(f"{kube.events_url(namespace)}/{name}",
+                                 {"count": count, "lastTimestamp": _now()[:19] + "Z"})
         except kube.KubeError as e:
-            if e.status == 404:
+            if e.status in (403, 404):
                 return False
             raise
         return True
+
+    async def _bump(self, namespace: str, name: str) -> int:
+        """Counts one more occurrence on an existing Event of an earlier process; its new count."""
+        body = await self.api.get(f"{kube.events_url(namespace)}/{name}") or {}
+        count = int(body.get("count") or 1) + 1
+        return count if await self._aggregate(namespace, name, count) else count - 1
 
     def _body(self, meta: Mapping[str, Any], e: Event, message: str, name: str, now: str) -> dict[str, Any]:
         return {

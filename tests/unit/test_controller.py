@@ -35,6 +35,7 @@ class FakeApi:
         self.namespace = {"metadata": {"name": JOB.namespace}}
 
     def _maybe_fail(self, verb, collection):
+        """Raises the next scripted error of (verb, collection), if any."""
         errors = self.fail.get((verb, collection))
         if errors:
             raise errors.pop(0)
@@ -66,25 +67,41 @@ class FakeApi:
 
     async def list(self, path, *, label_selector=None):
         self.calls.append(("list", path, None))
-        key, _, value = (label_selector or "").partition("=")
+        self._maybe_fail("list", path.rsplit("/", 1)[-1])
+        key, eq, value = (label_selector or "").partition("=")
+        labels = lambda o: o["metadata"].get("labels") or {}  # noqa: E731
         items = [copy.deepcopy(o) for (p, _), o in self.objects.items()
-                 if p == path and (not key or o["metadata"].get("labels", {}).get(key) == value)]
+                 if in_collection(p, path) and (not key or (labels(o).get(key) == value if eq else key in labels(o)))]
         return items, "1"
 
     async def pages(self, path, *, label_selector=None, limit=500):
         items, version = await self.list(path, label_selector=label_selector)
         yield items, version
 
+    async def watch(self, path, *, resource_version, label_selector=None, timeout_seconds=270):
+        """A watch that stays quiet (what the test does not script does not happen)."""
+        await asyncio.Event().wait()
+        yield "BOOKMARK", {}
+
     async def patch(self, path, patch, *, owner=None):
         self.calls.append(("patch", path, None))
         self._maybe_fail("patch", path.rsplit("/", 1)[-1])
-        if path.endswith("/status"):
+        if path.endswith(f"/spmdjobs/{JOB.name}/status"):
             self.job["status"] = merge(self.job.get("status") or {}, patch["status"])
             return json.loads(json.dumps(self.job))
         collection, _, name = path.rpartition("/")
+        if name == "status":  # a custom resource's status subresource
+            collection, _, name = collection.rpartition("/")
         obj = self.objects[(collection, name)]
-        obj.update(merge(obj, patch))
-        return obj
+        wanted = (patch.get("metadata") or {}).get("resourceVersion")
+        current = obj.setdefault("metadata", {}).get("resourceVersion", "1")
+        if wanted is not None and wanted != current:
+            raise kube.KubeError(409, "the object has been modified; please apply your changes to the latest version",
+                                 reason="Conflict")
+        meta = {k: v for k, v in (patch.get("metadata") or {}).items() if k != "resourceVersion"}
+        obj.update(merge(obj, {**{k: v for k, v in patch.items() if k != "metadata"}, **({"metadata": meta} if meta else {})}))
+        obj["metadata"]["resourceVersion"] = str(int(current) + 1)
+        return copy.deepcopy(obj)
 
     async def delete(self, path, *, uid=None, propagation="Background", owner=None):
         self.calls.append(("delete", path, None))
@@ -96,6 +113,14 @@ class FakeApi:
 
     def events(self):
         return [(o["type"], o["reason"]) for (p, _), o in self.objects.items() if p.endswith("/events")]
+
+
+def in_collection(stored, path):
+    """A namespaced collection belongs to the cluster-wide path of the same resource too."""
+    if stored == path:
+        return True
+    base, _, plural = path.rpartition("/")
+    return "/namespaces/" not in path and stored.startswith(base + "/namespaces/") and stored.endswith("/" + plural)
 
 
 def job_body(**spec_changes):
@@ -330,3 +355,269 @@ def test_progress_only_status_is_written_at_most_every_few_seconds_transitions_a
         c.pods._put({**pod, "status": {"phase": "Running"}}, set())
     run_pass(c, loop)
     assert len(patches()) == before + 1 and api.job["status"]["phase"] == "Running", "a transition is written at once"
+
+
+# --- item 1: never act on an unsynced view; holding a Kueue job needs evidence ------------------
+
+KUEUE = {"provider": "Kueue", "queue": "team-a"}
+WORKLOADS = kube.custom_url(*builders.KUEUE_WORKLOAD, "ns")
+
+
+def running_kueue_job(api, *, workload=True, admitted=True):
+    """A Kueue job admitted and Running: its status, its 4 Running pods and its Workload on the server."""
+    s = parse_job_spec({**BASE, "scheduling": KUEUE}, require_image=True)
+    api.job["status"] = {"phase": "Running", "restarts": 0, "procs": 4, "mesh": "hosts=2,gpus=2",
+                         "startTime": "2026-01-01T11:00:00Z", "masterAddr": names.master_addr(JOB, 0),
+                         "running": 4, "succeeded": 0, "failed": 0,
+                         "conditions": [cond_("Created", "True", "PodsCreated"), cond_("Running", "True", "AllProcsRunning"),
+                                        cond_("Suspended", "False", "Admitted")]}
+    for r in range(4):
+        body = builders.build_pod(JOB, s, r, 0)
+        body["status"] = {"phase": "Running"}
+        api.objects[(kube.pods_url("ns"), body["metadata"]["name"])] = body
+    for kind in ("services", "configmaps"):
+        body = (builders.build_service(JOB, s, 0) if kind == "services"
+                else builders.build_worker_configmap(JOB, FILES))
+        api.objects[(kube._core_url("ns", kind, None), body["metadata"]["name"])] = body
+    if workload:
+        body = builders.build_workload(JOB, s)
+        body["metadata"]["resourceVersion"] = "5"
+        body["metadata"]["ownerReferences"] = [{"apiVersion": names.API_VERSION, "kind": names.KIND, "name": JOB.name,
+                                                "uid": JOB.uid, "controller": True}]
+        if admitted:
+            body["status"] = {"conditions": [cond_("QuotaReserved", "True", "QuotaReserved"), cond_("Admitted", "True", "Admitted")],
+                              "admission": {"podSetAssignments": [{"name": "procs", "flavors": {"cpu": "kwok"}}]}}
+        api.objects[(WORKLOADS, body["metadata"]["name"])] = body
+
+
+def cond_(type_, status, reason):
+    return {"type": type_, "status": status, "reason": reason, "message": "", "lastTransitionTime": "2026-01-01T11:00:00Z"}
+
+
+def deletions(api):
+    return [path for verb, path, _ in api.calls if verb == "delete"]
+
+
+def status_patches(api):
+    return [path for verb, path, _ in api.calls if verb == "patch" and path.endswith("/status")]
+
+
+def test_a_restarted_operator_touches_no_pod_of_an_admitted_kueue_job_before_the_workloads_are_listed():
+    api = FakeApi(job_body(scheduling=KUEUE))
+    running_kueue_job(api)
+    c, loop = make(api)
+    sync_informers(c, api)
+
+    async def scenario():
+        await c.reconcile_once(loop, now=NOW)  # the first pass after a start: the Workloads not listed yet
+        assert deletions(api) == [] and status_patches(api) == [], "nothing decided on an empty store"
+        await asyncio.sleep(0.05)  # the Workload informer lists
+        await c.reconcile_once(loop, now=NOW)
+        for inf in c.informers:
+            await inf.stop()
+
+    asyncio.run(scenario())
+    assert deletions(api) == [], "the admitted job's pods were never touched"
+    assert api.job["status"]["phase"] == "Running"
+    assert not any(reason in ("WaitingForAdmission", "Suspended") for _, reason in api.events())
+
+
+def test_pods_are_kept_when_the_job_has_no_workload_yet_and_the_workload_is_created():
+    api = FakeApi(job_body(scheduling=KUEUE))
+    running_kueue_job(api, workload=False)
+    c, loop = make(api)
+    sync_informers(c, api)
+
+    async def scenario():
+        await c.reconcile_once(loop, now=NOW)
+        await asyncio.sleep(0.05)
+        await c.reconcile_once(loop, now=NOW)
+        for inf in c.informers:
+            await inf.stop()
+
+    asyncio.run(scenario())
+    assert deletions(api) == [], "no Workload seen is no evidence against running pods"
+    assert api.posted("workloads") == [names.workload_name(JOB)], "Kueue gets the Workload and decides"
+    assert api.job["status"]["phase"] == "Running"
+
+
+def test_a_workload_that_exists_and_is_not_admitted_holds_the_job():
+    api = FakeApi(job_body(scheduling=KUEUE))
+    running_kueue_job(api, admitted=False)
+    c, loop = make(api)
+    sync_informers(c, api)
+
+    async def scenario():
+        await c.reconcile_once(loop, now=NOW)
+        await asyncio.sleep(0.05)
+        await c.reconcile_once(loop, now=NOW)
+        for inf in c.informers:
+            await inf.stop()
+
+    asyncio.run(scenario())
+    assert len(deletions(api)) == 4 and api.job["status"]["phase"] == "Suspended", "positive evidence: held"
+
+
+# --- item 4: an optional API that cannot be used blocks only the jobs that name it --------------
+
+
+def test_a_forbidden_workload_api_blocks_only_its_job_and_says_why():
+    api = FakeApi(job_body(scheduling=KUEUE))
+    api.fail[("list", "workloads")] = [kube.KubeError(403, 'workloads.kueue.x-k8s.io is forbidden: User "op" cannot list')] * 50
+    c, loop = make(api)
+
+    async def scenario():
+        await c.reconcile_once(loop, now=NOW)  # starts the Workload informer, whose list is refused
+        await asyncio.sleep(0.05)
+        await c.reconcile_once(loop, now=NOW)
+        await c.reconcile_once(loop, now=NOW)
+        for inf in c.informers:
+            await inf.stop()
+
+    asyncio.run(scenario())
+    st = api.job["status"]
+    assert st["phase"] == "Pending" and cond(st, "Created")["status"] == "False"
+    assert cond(st, "Created")["reason"] == "SchedulingForbidden"
+    assert "gangScheduling.kueue.enabled=true" in cond(st, "Created")["message"]
+    assert "workloads.kueue.x-k8s.io" in cond(st, "Created")["message"]
+    assert api.events() == [("Warning", "SchedulingForbidden")], "one Warning, not one per pass"
+    assert api.posted("pods") == [] and api.posted("workloads") == []
+
+
+def test_a_missing_podgroup_crd_blocks_only_its_job_and_says_why():
+    api = FakeApi(job_body(scheduling={"provider": "Volcano"}))
+    api.fail[("list", "podgroups")] = [kube.KubeError(404, "the server could not find the requested resource")] * 50
+    c, loop = make(api)
+
+    async def scenario():
+        await c.reconcile_once(loop, now=NOW)
+        await asyncio.sleep(0.05)
+        await c.reconcile_once(loop, now=NOW)
+        for inf in c.informers:
+            await inf.stop()
+
+    asyncio.run(scenario())
+    st = api.job["status"]
+    assert cond(st, "Created")["reason"] == "SchedulingAPIMissing"
+    assert "podgroups.scheduling.volcano.sh" in cond(st, "Created")["message"]
+    assert api.posted("pods") == [], "no pod that would wait forever for a gang scheduler"
+
+
+# --- issue 23 item 1: a resync reads the caches -------------------------------------------------
+
+
+def test_periodic_passes_read_the_caches_and_each_job_gets_itself_once_per_check_period():
+    api = FakeApi(job_body())
+    c, loop = make(api)
+    c.resync_seconds, c.check_seconds = 0.02, 3600.0
+    run_pass(c, loop)
+    sync_informers(c, api)
+    run_pass(c, loop)
+    before = len(api.calls)
+
+    async def scenario():
+        c.active = True
+        c._start_loop(loop)
+        await asyncio.sleep(0.5)  # about 25 resync periods
+        await c.deactivate()
+
+    asyncio.run(scenario())
+    calls = api.calls[before:]
+    assert [v for v, _, _ in calls if v == "list"] == [], "no LIST from a job's resync"
+    assert [(v, p.rsplit("/", 1)[-1]) for v, p, _ in calls] == [("get", JOB.name)], \
+        "one GET of the job (its check on activation), nothing else"
+
+
+# --- item 8: conflict-safe writes to Kueue's Workload; Events of cut-short passes ---------------
+
+
+def test_workload_conditions_never_overwrite_a_condition_kueue_wrote_in_between():
+    api = FakeApi(job_body(scheduling=KUEUE))
+    running_kueue_job(api)
+    c, loop = make(api)
+    key = (WORKLOADS, names.workload_name(JOB))
+    real_get = api.get
+
+    async def get_then_kueue_writes(path):
+        body = await real_get(path)
+        if path.endswith(names.workload_name(JOB)) and not api.objects[key].get("kueue_wrote"):
+            api.objects[key]["kueue_wrote"] = True  # Kueue's own update lands between our GET and PATCH
+            api.objects[key]["status"]["conditions"].append(cond_("PodsReady", "True", "PodsReady"))
+            api.objects[key]["metadata"]["resourceVersion"] = "7"
+        return body
+
+    api.get = get_then_kueue_writes
+    o = lifecycle.Observed(job=JOB, generation=1, spec=parse_job_spec({**BASE, "scheduling": KUEUE}, require_image=True),
+                           status={"phase": "Succeeded"}, workload=lifecycle.WorkloadInfo(name=names.workload_name(JOB)),
+                           now=NOW)
+    asyncio.run(c._finish_workload(o))
+    types = [cnd["type"] for cnd in api.objects[key]["status"]["conditions"]]
+    assert "PodsReady" in types, "Kueue's condition survived our update"
+    assert "Finished" in types
+
+
+def test_an_event_that_could_not_be_posted_is_posted_when_the_pass_is_repeated():
+    api = FakeApi(job_body())
+    api.fail[("create", "events")] = [kube.KubeError(0, "connection refused: the API server restarts")]
+    c, loop = make(api)
+    with pytest.raises(kube.KubeError):
+        run_pass(c, loop)
+    assert "status" not in api.job, "no transition is written without its Event"
+    run_pass(c, loop)
+    assert api.events() == [("Normal", "Created")]
+    assert api.job["status"]["phase"] == "Pending"
+
+
+def test_a_pass_cut_short_after_its_events_is_repeated_by_the_next_leader_without_a_duplicate():
+    api = FakeApi(job_body())
+    api.fail[("patch", "status")] = [kube.KubeError(0, "connection reset")]
+    c, loop = make(api)
+    with pytest.raises(kube.KubeError):
+        run_pass(c, loop)
+    assert api.events() == [("Normal", "Created")]
+    successor, loop2 = make(api)  # another replica, remembering nothing, repeats the pass
+    run_pass(successor, loop2)
+    assert api.job["status"]["phase"] == "Pending"
+    assert api.events() == [("Normal", "Created")], "the same transition, the same Event: no duplicate"
+
+
+def test_repeated_events_are_aggregated_into_one_with_a_count():
+    api = FakeApi(job_body())
+    c, loop = make(api)
+    warning = lifecycle.Event(lifecycle.EVENT_WARNING, "ReconcileError", "HTTP 500: etcd timed out")
+
+    async def scenario():
+        for _ in range(3):
+            await c.events.record(loop.body, [warning])
+
+    asyncio.run(scenario())
+    stored = [o for (p, _), o in api.objects.items() if p.endswith("/events")]
+    assert len(stored) == 1 and stored[0]["count"] == 3, stored
+
+
+# --- issue 23 item 4: jobs take turns for the write slots ---------------------------------------
+
+
+def test_the_write_limiter_takes_turns_between_jobs():
+    order = []
+
+    async def scenario():
+        limiter = kube.FairLimiter(1)
+        await limiter.acquire("holder")
+
+        async def write(owner, i):
+            await limiter.acquire(owner)
+            order.append((owner, i))
+            limiter.release()
+
+        big = [asyncio.create_task(write("big", i)) for i in range(100)]
+        await asyncio.sleep(0)
+        small = [asyncio.create_task(write("small", i)) for i in range(4)]
+        await asyncio.sleep(0)
+        limiter.release()
+        await asyncio.gather(*big, *small)
+
+    asyncio.run(scenario())
+    last_small = max(i for i, (owner, _) in enumerate(order) if owner == "small")
+    assert last_small < 10, f"the small job's 4 writes waited behind {last_small} others"
+    assert len(order) == 104
