@@ -78,7 +78,7 @@ KIND: Final = names.KIND
 PLURAL: Final = names.PLURAL
 
 #: A job's name is a DNS-1035 label of at most this many characters, so that every child's name
-#: (``<job>-r<restart>-<rank>``, ``<job>-master``, ``<job>-worker``) stays a valid DNS label.
+#: (``<job>-<id>-r<restart>-<rank>``, ``<job>-<id>-m<restart>``, ``<job>-<id>-worker``) stays a valid DNS label.
 MAX_JOB_NAME_LENGTH: Final = 50
 #: A mesh dimension name becomes the label key ``spmd.monarch.dev/coord-<name>``, whose name part
 #: may hold 63 characters, so a dimension name may hold 63 - len("coord-") = 57.
@@ -688,8 +688,8 @@ SPEC: Final = Obj(
             default=DEFAULT_MASTER_PORT, minimum=1, maximum=65535,
             description=_d("""
                 The port rank 0's TCPStore listens on (MASTER_PORT). MASTER_ADDR is the headless
-                Service <job>-master.<namespace>.svc, which selects the rank-0 pod of the current
-                attempt. Default 29500."""),
+                Service of the current attempt, <job>-<id>-m<attempt>.<namespace>.svc (<id>: five
+                hex digits of the job's uid), which selects that attempt's rank-0 pod. Default 29500."""),
         ),
         "gpusPerProc": Int(
             default=0, minimum=0, maximum=MAX_GPUS_PER_PROC,
@@ -855,7 +855,7 @@ STATUS: Final = Obj(
         "running": Int(description="Procs of the current attempt whose pod is running."),
         "succeeded": Int(description="Procs of the current attempt that exited 0."),
         "failed": Int(description="Procs of the current attempt that failed."),
-        "masterAddr": Str(description="MASTER_ADDR of every proc, the DNS name of the headless Service <job>-master."),
+        "masterAddr": Str(description="MASTER_ADDR of every proc of the current attempt: the DNS name of its headless Service, <job>-<id>-m<attempt>.<namespace>.svc."),
         "startTime": Str(format=_TIME, description="When the job started (or was last resumed); activeDeadlineSeconds counts from here."),
         "completionTime": Str(format=_TIME, description="When the job succeeded or failed; ttlSecondsAfterFinished counts from here."),
         "observedGeneration": Int(format="int64", description="The metadata.generation this status was computed from."),
