@@ -156,7 +156,8 @@ def test_the_names_shown_are_the_names_the_operator_makes():
     for made in (names.pod_name(job, 7, 9), names.service_name(job, 7), names.master_addr(job, 7),
                  names.configmap_name(job)):
         assert f"`{shown(made)}`" in readme, shown(made)
-    pages = [README, *(ROOT / "docs" / d for d in DOCS), ROOT / "docs" / "interfaces.md"]
+    pages = [README, *(ROOT / "docs" / d for d in DOCS), ROOT / "docs" / "interfaces.md",
+             ROOT / "crds" / "spmd.monarch.dev_spmdjobs.yaml", ROOT / "helm" / "monarch-spmd" / "README.md"]
     for page in pages:
         assert not re.search(r"<(job|name)>-master", page.read_text()), f"{page}: the master Service is <job>-<id>-m<N>"
 
