@@ -39,6 +39,7 @@ time; the unit tests exercise them without a cluster.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import re
@@ -286,9 +287,8 @@ class RankRow:
         node: the node it ran on, or ``-``.
         exit: the exit code with its signal's name, or the state (running, stopped, pod gone ...).
         reason: the container's reason (Error, OOMKilled, Completed ...), or what happened to it.
-        first: whether it is the job's root cause (``status.failure.rank``).
-        ended_well: it exited 0 or is still running (the rows a long table leaves out).
         code: the exit code, when it ended with one.
+        first: whether it is the job's root cause (``status.failure.rank``).
     """
 
     rank: int
@@ -297,11 +297,17 @@ class RankRow:
     node: str
     exit: str
     reason: str
-    first: bool
-    ended_well: bool
     code: int | None = None
+    first: bool = False
+
+    @property
+    def ended_well(self) -> bool:
+        """It exited 0 or has not ended (the rows a long table leaves out)."""
+        return not self.first and (self.code == 0 or (self.code is None and self.exit in _UNDERWAY))
 
 
+#: States of a rank that has not ended (yet).
+_UNDERWAY: Final = ("running", "waiting", "pending")
 #: The last line a PerHost worker writes when one of its procs failed (payload.worker.failure_line).
 _WORKER_FAILURE: Final = re.compile(r"monarch-spmd worker: rank (\d+) exited with code (-?\d+)")
 
@@ -325,22 +331,33 @@ def owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:
     return all(r.get("uid") == uid for r in controllers)
 
 
-def _layout(job: Mapping[str, Any]) -> tuple[int, int, int, bool]:
-    """``(procs, procs per pod, last dimension's size, LOCAL_RANK pod-scoped)`` of a job."""
+@dataclass(frozen=True)
+class _Layout:
+    procs: int
+    per_pod: int
+    last: int
+    pod_scope: bool
+
+    def local_rank(self, rank: int, local: int, size: int) -> int:
+        """LOCAL_RANK of ``rank``, the ``local``-th proc of a pod of ``size`` procs."""
+        return local if size > 1 else (0 if self.pod_scope else rank % self.last)
+
+
+def _layout(job: Mapping[str, Any]) -> _Layout:
+    """How a job's ranks sit in its pods, from its spec (or, for a spec this version cannot
+    parse, its mesh as written)."""
     from . import policy
     from . import spec as spec_module
 
-    status = job.get("status") or {}
+    body = job.get("spec") or {}
     try:
-        parsed = spec_module.parse_job_spec(job.get("spec") or {})
+        parsed = spec_module.parse_job_spec(body)
     except (ValueError, TypeError):
-        mesh = [d for d in (job.get("spec") or {}).get("mesh") or [] if isinstance(d, Mapping)]
-        sizes = [int(d.get("size") or 1) for d in mesh] or [1]
-        procs = int(status.get("procs") or 0) or _product(sizes)
-        per_pod = sizes[-1] if (job.get("spec") or {}).get("podLayout") == PER_HOST else 1
-        return procs, per_pod, sizes[-1], False
-    return (parsed.world_size, policy.procs_per_pod(parsed), parsed.mesh[-1].size,
-            policy.local_rank_scope(parsed) == policy.SCOPE_POD)
+        sizes = [int(d.get("size") or 1) for d in body.get("mesh") or [] if isinstance(d, Mapping)] or [1]
+        procs = int((job.get("status") or {}).get("procs") or 0) or _product(sizes)
+        return _Layout(procs, sizes[-1] if body.get("podLayout") == PER_HOST else 1, sizes[-1], False)
+    return _Layout(parsed.world_size, policy.procs_per_pod(parsed), parsed.mesh[-1].size,
+                   policy.local_rank_scope(parsed) == policy.SCOPE_POD)
 
 
 def _product(sizes: Sequence[int]) -> int:
@@ -378,57 +395,61 @@ def attempt_of(job: Mapping[str, Any]) -> int:
     return 0
 
 
-def rank_rows(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> list[RankRow]:
-    """Every rank of the job's attempt (:func:`attempt_of`), from its pods' states and
-    ``status.failure``; pods of another job (another uid) or another attempt are ignored.
-
-    A PerHost pod runs several ranks: the one its worker named in its last line gets the pod's
-    exit code, its siblings were stopped by the worker; without such a line every rank of the pod
-    shows the pod's state.
-    """
-    meta, status = job.get("metadata") or {}, job.get("status") or {}
-    failure = status.get("failure") or {}
-    attempt = attempt_of(job)
-    procs, per_pod, last, pod_scope = _layout(job)
-    by_first: dict[int, Mapping[str, Any]] = {}
-    for pod in pods:
-        if owned_by(pod, meta.get("uid")) and _label_int(pod, LABEL_RESTART) == attempt:
-            first = _label_int(pod, LABEL_RANK)
-            if first is not None:
-                by_first[first] = pod
-    root = failure.get("rank") if failure.get("restart", attempt) == attempt else None
-    rows: list[RankRow] = []
-    for first in range(0, procs, per_pod):
-        pod = by_first.get(first)
-        size = max(1, _label_int(pod, LABEL_PROCS) or per_pod) if pod is not None else per_pod
-        code, state, why = _trainer_state(pod) if pod is not None else (None, "pod gone", "")
-        named = _WORKER_FAILURE.findall(str(_termination_message(pod))) if pod is not None and size > 1 else []
-        for local in range(size):
-            rank = first + local
-            local_rank = local if size > 1 else (0 if pod_scope else rank % last)
-            r_code, r_state, r_why = code, state, why
-            if named:
-                failed_rank, failed_code = int(named[-1][0]), int(named[-1][1])
-                if rank == failed_rank:
-                    r_code, r_state = failed_code, exit_text(failed_code)
-                else:
-                    r_code, r_state, r_why = None, "stopped", f"by its worker after rank {failed_rank} failed"
-            if rank == root and r_code is None and failure.get("exitCode") is not None:
-                r_code, r_state = failure["exitCode"], exit_text(failure["exitCode"])
-            if rank == root and failure.get("reason") and r_why in ("", "the pod is being deleted"):
-                r_why = str(failure["reason"])
-            if pod is None and rank == root and failure.get("pod"):
-                name, node = str(failure["pod"]), str(failure.get("node") or "-")
-            else:
-                name = str((pod.get("metadata") or {}).get("name")) if pod is not None else "-"
-                node = str((pod.get("spec") or {}).get("nodeName") or "-") if pod is not None else "-"
-            well = r_code == 0 or (r_code is None and r_state in ("running", "waiting", "pending"))
-            rows.append(RankRow(rank, local_rank, name, node, r_state, r_why, rank == root, well and rank != root,
-                                r_code))
+def _pod_rows(pod: Mapping[str, Any] | None, first: int, layout: _Layout) -> list[RankRow]:
+    """The ranks of one pod (of ``first`` and, in PerHost, the next ones). A PerHost pod's worker
+    names the rank that failed in its last line: that rank gets the exit code, and its siblings
+    were stopped by the worker."""
+    if pod is None:
+        return [RankRow(r, layout.local_rank(r, r - first, layout.per_pod), "-", "-", "pod gone", "")
+                for r in range(first, first + layout.per_pod)]
+    size = max(1, _label_int(pod, LABEL_PROCS) or layout.per_pod)
+    code, state, why = _trainer_state(pod)
+    name = str((pod.get("metadata") or {}).get("name"))
+    node = str((pod.get("spec") or {}).get("nodeName") or "-")
+    rows = [RankRow(r, layout.local_rank(r, r - first, size), name, node, state, why, code)
+            for r in range(first, first + size)]
+    named = _WORKER_FAILURE.findall(_termination_message(pod)) if size > 1 else []
+    if named:
+        failed, failed_code = int(named[-1][0]), int(named[-1][1])
+        rows = [dataclasses.replace(r, code=failed_code, exit=exit_text(failed_code)) if r.rank == failed else
+                dataclasses.replace(r, code=None, exit="stopped", reason=f"by its worker after rank {failed} failed")
+                for r in rows]
     return rows
 
 
+def _as_root(row: RankRow, failure: Mapping[str, Any]) -> RankRow:
+    """The root cause's row, completed from ``status.failure`` where its pod says less (a pod
+    gone, or one still being deleted)."""
+    changes: dict[str, Any] = {"first": True}
+    if row.code is None and failure.get("exitCode") is not None:
+        changes.update(code=failure["exitCode"], exit=exit_text(failure["exitCode"]))
+    if failure.get("reason") and row.reason in ("", "the pod is being deleted"):
+        changes["reason"] = str(failure["reason"])
+    if row.pod == "-" and failure.get("pod"):
+        changes.update(pod=str(failure["pod"]), node=str(failure.get("node") or "-"))
+    return dataclasses.replace(row, **changes)
+
+
+def rank_rows(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> list[RankRow]:
+    """Every rank of the job's attempt (:func:`attempt_of`), from its pods' states and
+    ``status.failure``; pods of another job (another uid) or another attempt are ignored."""
+    meta, status = job.get("metadata") or {}, job.get("status") or {}
+    failure = status.get("failure") or {}
+    attempt = attempt_of(job)
+    layout = _layout(job)
+    by_first: dict[int, Mapping[str, Any]] = {}
+    for pod in pods:
+        first = _label_int(pod, LABEL_RANK)
+        if first is not None and owned_by(pod, meta.get("uid")) and _label_int(pod, LABEL_RESTART) == attempt:
+            by_first[first] = pod
+    root = failure.get("rank") if failure.get("restart", attempt) == attempt else None
+    rows = [row for first in range(0, layout.procs, layout.per_pod)
+            for row in _pod_rows(by_first.get(first), first, layout)]
+    return [_as_root(r, failure) if r.rank == root else r for r in rows]
+
+
 def _termination_message(pod: Mapping[str, Any]) -> str:
+    """The trainer container's termination message (a PerHost worker's last lines)."""
     for c in (pod.get("status") or {}).get("containerStatuses") or []:
         if c.get("name") == TRAINER_CONTAINER:
             return str(((c.get("state") or {}).get("terminated") or {}).get("message") or "")
