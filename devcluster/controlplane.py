@@ -41,6 +41,17 @@ from cryptography.x509.oid import NameOID
 from monarch_spmd.ports import free_port  # a free port below the ephemeral range: nothing takes it first
 
 SERVICE_CIDR: Final = "10.0.0.0/24"
+#: The API server's audit policy when auditing is on: every write, at Metadata level (who, what,
+#: when, from which user agent, the answer's code), nothing for reads.
+AUDIT_POLICY: Final = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived", "ResponseStarted"]
+rules:
+- level: Metadata
+  verbs: ["create", "update", "patch", "delete", "deletecollection"]
+- level: None
+"""
 STOP_GRACE_SECONDS: Final = 10.0
 _PR_SET_PDEATHSIG: Final = 1
 
@@ -117,6 +128,11 @@ class Certificates:
                 serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
             ),
         )
+
+    def client(self, name: str, group: str = "system:masters") -> tuple[Path, Path]:
+        """A client certificate and key for user ``name`` in ``group`` (a test client whose
+        requests the audit log tells apart by user name)."""
+        return self._leaf(f"client-{name}", name, group, [], x509.ExtendedKeyUsageOID.CLIENT_AUTH)
 
     def _builder(self, subject: x509.Name, issuer: x509.Name, key) -> x509.CertificateBuilder:
         return (
@@ -354,6 +370,33 @@ class ControlPlane:
                 self._wait_for("etcd", self._etcd_healthy)
             elif name == "kube-apiserver":
                 self._wait_for("kube-apiserver", lambda: self._get("/readyz") == 200)
+
+    def enable_audit(self) -> Path:
+        """Turns on the API server's audit log of writes (:data:`AUDIT_POLICY`), restarting the
+        API server once if it runs without it; returns the log's path (JSON lines)."""
+        log = self.state_dir / "audit.log"
+        args = self.args["kube-apiserver"]
+        if not any(a.startswith("--audit-log-path") for a in args):
+            policy = self.state_dir / "audit-policy.yaml"
+            policy.write_text(AUDIT_POLICY)
+            args += [f"--audit-policy-file={policy}", f"--audit-log-path={log}", "--audit-log-format=json",
+                     "--audit-log-maxsize=0", "--audit-log-mode=blocking"]
+            if "kube-apiserver" in self.processes:
+                self.restart("kube-apiserver")
+        return log
+
+    def audit_events(self) -> list[dict]:
+        """The audit log's events so far (writes only), oldest first."""
+        log = self.state_dir / "audit.log"
+        if not log.exists():
+            return []
+        events = []
+        for line in log.read_text().splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue  # a line being written
+        return events
 
     def restart(self, *names: str, down_seconds: float = 0.0) -> float:
         """Kills components, keeps them down ``down_seconds``, starts them again; returns the outage.

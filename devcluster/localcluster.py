@@ -11,9 +11,13 @@ runs the other way round and leaves no process, network namespace or bridge behi
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Final
@@ -188,6 +192,64 @@ class LocalCluster:
             stop_process_group(self.operator_process, grace)
             self.operator_process = None
 
+    def start_replica(self, identity: str, *args: str, kubeconfig: Path | None = None,
+                      lease_namespace: str = "default") -> subprocess.Popen:
+        """One more operator process with leader election on, known to the Lease (and to the
+        audit log, by its User-Agent ``spmdjob-operator/<identity>``) as ``identity``.
+
+        Its log goes to operator-<identity>.log; ``kubeconfig`` (default: the admin one) may point
+        it at a :class:`StallableProxy`. The caller stops it (:func:`stop_process_group`).
+        """
+        env = {**self.env, "POD_NAME": identity, "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(REPO_ROOT / "operator"), str(REPO_ROOT), self.env.get("PYTHONPATH", "")]))}
+        if kubeconfig is not None:
+            env["KUBECONFIG"] = str(kubeconfig)
+        if not any(a.startswith("--liveness") for a in args):
+            args = (*args, "--liveness", f"http://127.0.0.1:{free_port()}/healthz")
+        if not any(a.startswith("--metrics-port") for a in args):
+            args = (*args, "--metrics-port", str(free_port()))
+        with open(self.state_dir / f"operator-{identity}.log", "ab") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "spmd_operator", "--all-namespaces", "--leader-election",
+                 "--leader-election-namespace", lease_namespace, *args],
+                env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=die_with_parent)
+
+    @staticmethod
+    def pause(proc: subprocess.Popen) -> None:
+        """SIGSTOP to the process group: it stops where it is, as a frozen node or VM would."""
+        os.killpg(proc.pid, signal.SIGSTOP)
+
+    @staticmethod
+    def unpause(proc: subprocess.Popen) -> None:
+        """SIGCONT: it goes on from where it stopped, believing no time passed."""
+        os.killpg(proc.pid, signal.SIGCONT)
+
+    def kubeconfig_for(self, user: str, port: int | None = None) -> Path:
+        """A kubeconfig of its own for client ``user`` (a client certificate with that user name,
+        group system:masters), optionally through https://127.0.0.1:<port> (a proxy)."""
+        assert self.control_plane is not None and self.control_plane.certs is not None
+        crt, key = self.control_plane.certs.client(user)
+        config = json.loads(self.kubeconfig.read_text())
+        for entry in config["users"]:
+            entry["user"] = {"client-certificate": str(crt), "client-key": str(key)}
+        if port is not None:
+            for entry in config["clusters"]:
+                entry["cluster"]["server"] = f"https://127.0.0.1:{port}"
+        path = self.state_dir / f"kubeconfig-{user}"
+        path.write_text(json.dumps(config))
+        path.chmod(0o600)
+        return path
+
+    def enable_audit(self) -> Path:
+        """The API server's audit log of writes, on from now (one API server restart the first time)."""
+        assert self.control_plane is not None, "the cluster is not running"
+        return self.control_plane.enable_audit()
+
+    def audit_events(self) -> list[dict[str, Any]]:
+        assert self.control_plane is not None, "the cluster is not running"
+        return self.control_plane.audit_events()
+
     # --- Kueue (kueue.py): quota admission of whole workloads ---------------------------------
 
     def start_kueue(self, **options: Any) -> Kueue:
@@ -261,3 +323,72 @@ class LocalCluster:
                 "start_seconds": round(self.start_seconds, 2),
                 **(self.real.describe() if self.real else {}),
                 **(self.kueue.describe() if self.kueue else {})}
+
+
+class StallableProxy:
+    """A TCP proxy on 127.0.0.1 in front of the API server that a test can stall.
+
+    ``pause()`` stops moving bytes in both directions: requests and answers in flight stay where
+    they are, as on a network path that went silent. ``resume()`` closes every connection that was
+    stalled (their clients gave up on them: each request has a timeout) and forwards again; new
+    connections work at once. Connections made while paused are held until the resume, then closed.
+    """
+
+    def __init__(self, upstream: int) -> None:
+        self.upstream = upstream
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self._lock = threading.Lock()
+        self._conns: list[tuple[socket.socket, socket.socket]] = []
+        threading.Thread(target=self._accept, daemon=True, name="stallable-proxy").start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.upstream))
+            except OSError:
+                conn.close()
+                continue
+            with self._lock:
+                self._conns.append((conn, upstream))
+            for a, b in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                self._flowing.wait()
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def pause(self) -> None:
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        with self._lock:
+            stalled, self._conns = self._conns, []
+        for pair in stalled:
+            for s in pair:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                    s.close()
+                except OSError:
+                    pass
+        self._flowing.set()
+
+    def close(self) -> None:
+        self._server.close()
+        self.resume()

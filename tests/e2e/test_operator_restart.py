@@ -1,9 +1,15 @@
-"""End-to-end: the operator killed in the middle of creating a 64-proc job, then started again.
+"""End-to-end: the operator killed (SIGKILL) and started again, under running jobs and in the
+middle of creating one.
 
-The job's pods go to kwok nodes (simulated, no processes). The operator runs with a low request
-concurrency so that creation is slow enough to be interrupted, is killed with SIGKILL part way,
-and is started again. Deterministic pod names and 409-tolerant creation must leave exactly one
-pod per proc: no duplicates, no orphans, and the job reaches Running.
+Restarts are invisible to running jobs: a Kueue job (real Kueue), a PodGroup job and a plain job
+keep their pods (same uids), phase and restart count across a SIGKILL and a new start, whose
+first passes must not act on informers that have not listed yet.
+
+Killed in the middle of creating a 64-proc job (a low request concurrency makes creation slow
+enough to be interrupted), deterministic pod names and 409-tolerant creation must leave exactly
+one pod per proc: no duplicates, no orphans, and the job reaches Running.
+
+The jobs' pods go to kwok nodes (simulated, no processes).
 """
 
 from __future__ import annotations
@@ -13,10 +19,29 @@ import signal
 
 import pytest
 
-from tests.e2e.conftest import apply, job_manifest, job_pods, operator_args, pod_names, wait_phase, wait_until
+from tests.e2e import survival
+from tests.e2e.conftest import (RESYNC_SECONDS, apply, job_manifest, job_pods, operator_args, pod_names, wait_phase,
+                                wait_until)
 
 pytestmark = pytest.mark.cluster
 PROCS = 64
+
+
+def test_running_jobs_keep_their_pods_when_the_operator_is_killed_and_started_again(
+        running_operator, kueue_queues, podgroup_crds, namespace):
+    c = running_operator
+    before = survival.start_jobs(c, namespace, kueue_queues.create(cpu="4"))
+    seen = survival.reasons(c, namespace)
+    os.killpg(c.operator_process.pid, signal.SIGKILL)
+    c.operator_process.wait(timeout=30)
+    c.operator_process = None
+    c.start_operator(*operator_args())
+    # Its first passes, then two resync periods of passes from the caches.
+    survival.watch_unchanged(c, namespace, before, seconds=2 * RESYNC_SECONDS + 5)
+    after = survival.reasons(c, namespace)
+    for name in survival.JOBS:
+        new = after[name][len(seen[name]):]
+        assert after[name][:len(seen[name])] == seen[name] and new == [], f"{name}: new Events {new}"
 
 
 def test_operator_killed_mid_creation_leaves_exactly_one_pod_per_proc(operator, namespace):

@@ -23,7 +23,7 @@ from devcluster import KWOK_TOLERATION
 from devcluster.kwoknodes import fake_node
 from spmd_operator import names
 from tests.e2e.conftest import (RESYNC_SECONDS, apply, get_job, job_events, job_manifest, job_pods,
-                                job_ref, pod_names, wait_job, wait_phase, wait_until)
+                                job_ref, operator_args, pod_names, wait_job, wait_phase, wait_until)
 
 pytestmark = pytest.mark.cluster
 RESTART = "spmd.monarch.dev/restart"
@@ -334,3 +334,101 @@ def test_an_evicted_pod_restarts_the_gang_without_using_up_max_restarts(running_
     assert (failure["pod"], failure["reason"], failure["disruption"]) == (victim, "EvictionByEvictionAPI", True), failure
     job = wait_phase(c, namespace, "evicted", "Running", timeout=120)
     assert job["status"]["restarts"] == 1, "maxRestarts 0, and yet the gang came back: a disruption is no failure"
+
+
+# --- an optional API the chart did not grant blocks only the jobs that name it -------------------
+
+
+def chart_default_kubeconfig(c, namespace: str) -> tuple[object, list[dict]]:
+    """Applies the RBAC the chart renders with its default values (helm template, the real helm
+    binary) and returns a kubeconfig logging in as its ServiceAccount (a token), with the objects."""
+    import yaml
+
+    from tests.helm.helm_support import CHART, KUBE_VERSION, helm_cmd
+
+    release = f"iso-{uuid.uuid4().hex[:6]}"
+    rendered = helm_cmd(c, "template", release, str(CHART), "-n", namespace, "--kube-version", KUBE_VERSION,
+                        "--set", "tests.enabled=false")
+    assert rendered.returncode == 0, rendered.stderr
+    rbac = [o for o in yaml.safe_load_all(rendered.stdout)
+            if o and o["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
+    c.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump_all(rbac))
+    (account,) = [o["metadata"]["name"] for o in rbac if o["kind"] == "ServiceAccount"]
+    token = c.kubectl("create", "token", account, "-n", namespace, "--duration", "1h").stdout.strip()
+    admin = json.loads(c.kubeconfig.read_text())
+    admin["users"] = [{"name": "admin", "user": {"token": token}}]
+    path = c.state_dir / f"kubeconfig-{release}"
+    path.write_text(json.dumps(admin))
+    return path, rbac
+
+
+def test_a_forbidden_scheduling_api_blocks_only_its_job_while_other_jobs_timers_fire(operator, kueue_cluster, namespace):
+    from devcluster.controlplane import stop_process_group
+
+    c = operator
+    c.stop_operator()
+    kubeconfig, rbac = chart_default_kubeconfig(c, namespace)
+    proc = c.start_replica("chart-rbac", "--resync-seconds", str(RESYNC_SECONDS), kubeconfig=kubeconfig,
+                           lease_namespace=namespace)
+    try:
+        apply(c, namespace, job_manifest("kq", [("procs", 2)], ["-m", "train"], kwok=True,
+                                         scheduling={"provider": "Kueue", "queue": "nowhere"}))
+        # A deadline past two resync periods: a resync that fails for every job never reaches it.
+        apply(c, namespace, job_manifest("timer", [("procs", 2)], ["-m", "train"], kwok=True,
+                                         activeDeadlineSeconds=2 * RESYNC_SECONDS + 5))
+        job = wait_job(c, namespace, "kq", lambda j: any(
+            cnd.get("reason") == "SchedulingForbidden" for cnd in (j.get("status") or {}).get("conditions") or []),
+            timeout=60, what="the Kueue job says why it waits")
+        created = next(cnd for cnd in job["status"]["conditions"] if cnd["type"] == "Created")
+        assert created["status"] == "False" and "gangScheduling.kueue.enabled=true" in created["message"], created
+        assert "workloads.kueue.x-k8s.io" in created["message"]
+        timer = wait_phase(c, namespace, "timer", "Failed", timeout=2 * RESYNC_SECONDS + 5 + CONVERGE)
+        assert timer["status"]["failure"]["reason"] == "DeadlineExceeded"
+        assert job_pods(c, namespace, "kq") == [], "no pod of the blocked job"
+        warnings = [(e.reason, e.count) for e in job_events(c, namespace, "kq") if e.type == "Warning"]
+        assert warnings == [("SchedulingForbidden", 1)], warnings
+        assert not [e for e in job_events(c, namespace, "timer") if e.reason == "ReconcileError"]
+    finally:
+        stop_process_group(proc, 10)
+        for obj in rbac:
+            if obj["kind"].startswith("Cluster"):
+                c.kubectl("delete", obj["kind"].lower(), obj["metadata"]["name"], "--ignore-not-found", check=False)
+        c.start_operator(*operator_args())
+
+
+# --- bounded memory: nothing of a deleted job stays ----------------------------------------------
+
+
+def cache_entries(port: int) -> dict[str, float]:
+    """spmdjob_cache_entries by "informer/kind", read from the operator's /metrics."""
+    import re
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out = {}
+    for match in re.finditer(r'^spmdjob_cache_entries\{informer="([^"]+)",kind="([^"]+)"\} (\S+)$', text, re.M):
+        out[f"{match.group(1)}/{match.group(2)}"] = float(match.group(3))
+    return out
+
+
+def test_200_jobs_created_and_deleted_leave_the_caches_at_their_baseline(running_operator, namespace):
+    c = running_operator
+    args = c.operator_process.args
+    port = int(args[args.index("--metrics-port") + 1])
+    baseline = wait_until(lambda: cache_entries(port), 60, "the operator's metrics")
+    jobs = [job_manifest(f"m{i}", [("procs", 1)], ["-m", "train"], kwok=True) for i in range(200)]
+    c.kubectl("apply", "-n", namespace, "-f", "-", timeout=180,
+              input="\n---\n".join(json.dumps(j) for j in jobs))
+    peak = wait_until(lambda: (m := cache_entries(port)).get("pods/objects", 0) >= baseline.get("pods/objects", 0) + 200
+                      and m, 300, "every job's pod in the pod informer")
+    assert peak["controller/jobs"] >= baseline.get("controller/jobs", 0) + 200
+    c.kubectl("delete", "spmdjob", "--all", "-n", namespace, "--wait=false", timeout=120)
+
+    def settled():
+        now = cache_entries(port)
+        grown = {k: (baseline.get(k, 0), v) for k, v in now.items() if v > baseline.get(k, 0)}
+        return now if not grown else None
+
+    after = wait_until(settled, GC_AFTER_OUTAGE + 60, "every store, tombstone and job entry back at the baseline")
+    print(f"cache entries: baseline {baseline}, peak {peak}, after {after}")
