@@ -24,7 +24,7 @@ NAMESPACED_RULES = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
     {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch", "create", "delete"]},
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "patch"]},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
 ]
 # With gangScheduling.<name>.enabled: namespaced rules, and cluster-scoped ones (Kueue's flavors).
 GANG_RULES = {
