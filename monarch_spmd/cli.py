@@ -84,6 +84,9 @@ def _run_parser() -> argparse.ArgumentParser:
         type=float,
         help=f"seconds between SIGTERM and SIGKILL when stopping ranks (default {runner.DEFAULT_GRACE_PERIOD:g})",
     )
+    p.add_argument("--progress-timeout", type=float, metavar="SECONDS",
+                   help="a rank that writes nothing for this long fails (reason NoProgress) and the gang restarts "
+                   "(spec.restartPolicy.progressTimeoutSeconds; default off)")
     flags = p.add_argument_group(
         "torchrun's flags",
         "torchrun's command line (torch 2.14), read as torchrun reads it; --max-restarts and --master-port "
@@ -198,6 +201,8 @@ def run_main(argv: Sequence[str]) -> int:
             return run_main(["-f", opts.script, *argv[:i], *argv[i + 1:]])
     if opts.grace_period is not None and opts.grace_period < 0:
         parser.error(f"--grace-period: {opts.grace_period} is not valid; expected 0 or more seconds")
+    if opts.progress_timeout is not None and not 0 < opts.progress_timeout < float("inf"):
+        parser.error(f"--progress-timeout: {opts.progress_timeout} is not valid; expected a number of seconds above 0")
     try:
         if torchrun.launcher_length(training):
             if opts.mesh or manifest or flags:
@@ -239,7 +244,7 @@ def _run_mesh(opts: argparse.Namespace, flags: dict[str, Any], manifest: str | N
         pod_layout=opts.pod_layout,
     )
     grace = runner.DEFAULT_GRACE_PERIOD if opts.grace_period is None else opts.grace_period
-    return runner.run(job, grace_period=grace, run_id=opts.run_id)
+    return runner.run(job, grace_period=grace, run_id=opts.run_id, progress_timeout=opts.progress_timeout)
 
 
 def _run_torchrun(parser: argparse.ArgumentParser, opts: argparse.Namespace, launch: torchrun.Launch) -> int:
@@ -273,11 +278,16 @@ def _run_torchrun(parser: argparse.ArgumentParser, opts: argparse.Namespace, lau
         pod_layout=opts.pod_layout or names.PER_HOST,
     )
     grace = opts.grace_period if opts.grace_period is not None else plan.grace_period
+    logs = None
+    if plan.log_dir is not None or plan.redirects != "0" or plan.tee != "0":
+        logs = runner.LogOptions(log_dir=plan.log_dir, redirects=plan.redirects, tee=plan.tee)
     return runner.run(
         job,
         grace_period=runner.DEFAULT_GRACE_PERIOD if grace is None else grace,
         run_id=opts.run_id or plan.run_id or str(uuid.uuid4()),  # torchrun's c10d rendezvous: a fresh uuid
         master_addr=plan.master_addr,
+        logs=logs,
+        progress_timeout=opts.progress_timeout,
     )
 
 

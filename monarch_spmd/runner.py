@@ -1,52 +1,68 @@
 """The local runner: an SPMDJob on this machine, one process per proc, no cluster needed.
 
 Where it sits: above the payload (every local process IS the worker, started with exactly the
-MONARCH_SPMD_* inputs the operator gives pods), :mod:`monarch_spmd.spec` (the same job spec type
-and validation as the operator) and :mod:`monarch_spmd.policy` (the same failure classes, GPU and
-trainer rules); below :mod:`monarch_spmd.cli` (``monarch-spmd run``). It never imports Monarch or
-Kubernetes code; PyYAML is needed only to read a manifest.
+MONARCH_SPMD_* inputs the operator gives pods, and the workers restart their ranks in place
+through the same agent and coordinator as pods: :mod:`monarch_spmd.payload.agent`),
+:mod:`monarch_spmd.spec` (the same job spec type and validation as the operator) and
+:mod:`monarch_spmd.policy` (the same failure classes, GPU and trainer rules); below
+:mod:`monarch_spmd.cli` (``monarch-spmd run``). It never imports Monarch or Kubernetes code;
+PyYAML is needed only to read a manifest.
 
-Behaviour, modelled on torchrun's local agent:
+Behaviour, modelled on torchrun:
 
 * one worker process per pod the operator would create, all started at once,
   ``sys.executable -m monarch_spmd.payload.worker -- ARGV``, each in its own process group, with
-  MASTER_ADDR 127.0.0.1 (or another address of this machine the caller names) and a free port
-  unless the manifest (or ``--master-port``) sets one; in
-  the PerHost layout each worker runs its host's procs itself, as in a pod;
-* every output line is prefixed with its rank (``[rank 3] ...``): stdout to stdout, stderr to
-  stderr; the runner's own lines start with ``[monarch-spmd]`` and go to stderr;
-* when a rank exits non-zero at any moment the other ranks are stopped at once (SIGTERM, which
-  the worker forwards to the training process, then SIGKILL to each process group after a grace
-  period), and the gang is restarted up to ``restartPolicy.maxRestarts`` times with
-  TORCHELASTIC_RESTART_COUNT incremented, unless :func:`monarch_spmd.policy.is_permanent` says
-  the failure is permanent (the operator's rule); the next attempt starts only once every
-  process of the last one is gone;
+  MASTER_ADDR 127.0.0.1 (or another address of this machine the caller names) and a port that
+  stays the same for the whole run (torchrun keeps it across restarts), a free one unless the
+  manifest (or ``--master-port``) sets one; in the PerHost layout each worker runs its host's
+  procs itself, as in a pod;
+* the workers are the agents of docs/restart-in-place.md: the worker of rank 0 runs the
+  coordinator on loopback, and a failed rank restarts the gang in place (TORCHELASTIC_RESTART_COUNT
+  incremented, same MASTER_PORT, back-off between consecutive restarts) up to
+  ``restartPolicy.maxRestarts`` times unless the failure is permanent (the operator's rule,
+  :mod:`monarch_spmd.payload.failures`); the runner watches as an observer and says what happens;
+* a worker that dies (killed) is replaced alone when it is not rank 0's, as the operator replaces
+  a lost pod; when rank 0's worker dies the others exit 75 and the runner starts a new gang,
+  counted as a restart;
+* every output line is prefixed with its rank (``[rank 3] ...``), partial lines and ``\\r`` (a
+  progress bar) passed on as they arrive; stdout to stdout, stderr to stderr; the runner's own
+  lines start with ``[monarch-spmd]`` and go to stderr. torchrun's ``--tee``, ``--redirects``
+  and ``--log-dir`` write each rank's files as torchrun lays them out;
+* a failed run ends with a table of every rank's last process (rank, local rank, pid, exit code
+  with the signal's name, the first failure marked, the ranks the agents stopped marked as
+  such) and a last line naming the failing rank;
 * ``activeDeadlineSeconds`` stops the job when it passes (exit code 124, as ``timeout`` uses);
-* the exit code is 0 when every rank succeeded, else the first failing rank's exit code;
-* Ctrl-C (SIGINT) or SIGTERM stops every rank the same way and exits 130 / 143;
-* after each attempt every process group is killed, so no process is left behind.
+* the exit code is 0 when every rank succeeded, else the failing rank's exit code;
+* SIGINT (Ctrl-C), SIGTERM and SIGHUP reach every rank as they are (a KeyboardInterrupt, a
+  ``finally`` that saves a checkpoint) and the runner exits 128+N; SIGKILL after the grace
+  period; if the runner itself is killed, its workers get SIGTERM (a parent-death signal) and
+  stop their ranks the same way: no process is left behind in any case.
 
-Every field of the spec is honoured or refused: ``suspend: true`` and values the cluster must
-supply (``valueFrom``, ``envFrom``) are refused with a message naming the field; what describes
-the container rather than the program (``image``, ``python``, pod-level template fields such as
-resources or node selectors) has no local meaning, and the runner says so in one note line.
+Every field of the spec is honoured, noted or refused (:data:`LOCAL_FIELDS`): ``suspend: true``,
+``mode: Monarch`` and values the cluster must supply (``valueFrom``, ``envFrom``) are refused
+with a message naming the field; what describes the cluster rather than the program (``image``,
+``python``, scheduling, pod-level template fields, ``shmSize``, GPUs this machine does not have)
+gets one note line per field present in the manifest.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
+import queue
+import selectors
 import signal
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
-from . import policy, spec
-from .payload import contract, gang, names, worker
+from . import policy, schema, spec
+from .payload import agent, contract, gang, names, rendezvous, timer, worker
 from .ports import free_port
 from .spec import JobSpec
 
@@ -56,11 +72,96 @@ LOCAL_MASTER_ADDR: Final = "127.0.0.1"
 DEFAULT_GRACE_PERIOD: Final = 5.0
 #: The exit code when activeDeadlineSeconds passes (that of coreutils' ``timeout``).
 EX_DEADLINE: Final = 124
+#: A failed run's table lists every rank up to this many; beyond, the failed ones and a summary.
+TABLE_ROWS: Final = 32
 
 _TAG: Final = "[monarch-spmd]"
-#: Pod-spec fields that describe where and how a container runs, not what the program sees.
-_POD_ONLY: Final = ("resources", "volumeMounts", "securityContext", "ports", "livenessProbe", "readinessProbe",
-                    "startupProbe", "imagePullPolicy", "workingDir")
+
+# --- what the local runner does with each field of the spec ---------------------------------------
+
+HONOURED: Final = "honoured"
+NOTED: Final = "noted"
+REFUSED: Final = "refused"
+
+#: Every leaf of the spec's schema (:func:`spec_leaves`) and what a local run does with it:
+#: honoured, a note when the manifest sets it, or refused (with the value that cannot be honoured).
+#: tests/lib/test_runner_fields.py walks the schema, so a field added to the spec fails that test
+#: until it is listed here.
+LOCAL_FIELDS: Final[Mapping[str, tuple[str, str]]] = {
+    "mesh": (HONOURED, ""),
+    "args": (HONOURED, ""),
+    "image": (NOTED, "every rank runs with this machine's Python"),
+    "python": (NOTED, "every rank runs with this machine's Python"),
+    "masterPort": (HONOURED, ""),
+    "gpusPerProc": (HONOURED, "each worker gets its own CUDA_VISIBLE_DEVICES slice, when this machine has the GPUs"),
+    "colocate": (NOTED, "every rank runs on this machine"),
+    "restartPolicy.maxRestarts": (HONOURED, ""),
+    "restartPolicy.permanentExitCodes": (HONOURED, ""),
+    "restartPolicy.retryableExitCodes": (HONOURED, ""),
+    "restartPolicy.permanentReasons": (HONOURED, ""),
+    "restartPolicy.podReplacementPolicy": (NOTED, "the gang restarts in place: a new round starts once every "
+                                                  "process of the last one is gone"),
+    "restartPolicy.replacementTimeoutSeconds": (NOTED, "no pod is replaced locally"),
+    "restartPolicy.progressTimeoutSeconds": (HONOURED, ""),
+    "rendezvousTimeoutSeconds": (HONOURED, ""),
+    "activeDeadlineSeconds": (HONOURED, ""),
+    "ttlSecondsAfterFinished": (NOTED, "nothing to delete"),
+    "suspend": (REFUSED, "true holds the job until a cluster (Kueue) releases it; there is nothing to hold "
+                         "locally: set it to false to run here"),
+    "podLayout": (HONOURED, ""),
+    "mode": (REFUSED, "Monarch serves Monarch's worker loop in pods for a client "
+                      "(monarch_spmd.kubernetes.proc_mesh); on this machine, spawn the procs with "
+                      "monarch.actor.this_host().spawn_procs instead, or run a Program-mode job"),
+    "shmSize": (NOTED, "/dev/shm is this machine's"),
+    "scheduling.provider": (NOTED, "no scheduler: every rank starts at once on this machine"),
+    "scheduling.queue": (NOTED, "no queue: the job runs now"),
+    "scheduling.schedulerName": (NOTED, "no scheduler: every rank starts at once on this machine"),
+    "scheduling.timeoutSeconds": (NOTED, "nothing waits for a scheduler locally"),
+    "template.metadata.labels": (NOTED, "there are no pods to label"),
+    "template.metadata.annotations": (NOTED, "there are no pods to annotate"),
+    "template.spec.restartPolicy": (HONOURED, "Never: a failure restarts the gang, as here"),
+    "template.spec.containers": (HONOURED, "the trainer container's env; its other fields and sidecars are noted"),
+    "template.spec.*": (NOTED, "a pod-level field: every rank is a process of this machine"),
+}
+#: Fields of the trainer container that describe where and how a container runs, not what the
+#: program sees (noted when set; env is honoured, envFrom and valueFrom refused).
+_CONTAINER_NOTED: Final = ("resources", "volumeMounts", "securityContext", "ports", "livenessProbe",
+                           "readinessProbe", "startupProbe", "imagePullPolicy", "workingDir", "lifecycle",
+                           "volumeDevices", "stdin", "tty", "terminationMessagePath", "terminationMessagePolicy")
+
+
+def spec_leaves(node: schema.Node = spec.SPEC, path: str = "") -> Iterator[str]:
+    """The leaf fields of the spec's schema, as dotted paths (``restartPolicy.maxRestarts``): an
+    object with declared properties is walked (plus ``<path>.*`` for the undeclared fields it
+    keeps), anything else (a scalar, a list, a map) is a leaf."""
+    if isinstance(node, schema.Obj) and node.properties:
+        for key, child in node.properties.items():
+            yield from spec_leaves(child, f"{path}.{key}" if path else key)
+        if node.preserve_unknown:
+            yield f"{path}.*"
+        return
+    yield path
+
+
+def present_fields(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The leaf fields (see :func:`spec_leaves`) a manifest's spec sets, with their values; an
+    undeclared field kept by the schema maps to ``<path>.*`` with ``{name: value}``."""
+    out: dict[str, Any] = {}
+
+    def walk(node: schema.Node, value: Any, path: str) -> None:
+        if isinstance(node, schema.Obj) and node.properties and isinstance(value, Mapping):
+            for key, item in value.items():
+                child = node.properties.get(key)
+                if child is not None:
+                    walk(child, item, f"{path}.{key}" if path else key)
+                elif node.preserve_unknown:
+                    out.setdefault(f"{path}.*", {})[key] = item
+            return
+        if value is not None:
+            out[path] = value
+
+    walk(spec.SPEC, body, "")
+    return out
 
 
 @dataclass(frozen=True)
@@ -71,60 +172,113 @@ class LocalJob:
         name: the job's name; the run id is derived from it.
         spec: the parsed spec, exactly as the operator sees it.
         fixed_port: rank 0's port was set explicitly (``masterPort`` in the manifest, or
-            ``--master-port``); otherwise a free port is picked per attempt, so two local runs do
-            not collide on the default 29500.
+            ``--master-port``); otherwise a free port is picked once for the run, so two local
+            runs do not collide on the default 29500.
+        fields: the spec's leaf fields the manifest set (:func:`present_fields`), for the notes.
     """
 
     name: str
     spec: JobSpec
     fixed_port: bool = False
+    fields: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
     @property
     def mesh(self) -> list[tuple[str, int]]:
         return self.spec.mesh_pairs
 
 
+@dataclass(frozen=True)
+class LogOptions:
+    """torchrun's ``--log-dir``, ``--redirects`` and ``--tee`` (values in torchrun's syntax)."""
+
+    log_dir: str | None = None
+    redirects: str = "0"
+    tee: str = "0"
+
+
 class LocalRunError(ValueError):
     """A spec field the local runner cannot honour; the message names it."""
 
 
-def check_local(job: LocalJob) -> tuple[dict[str, str], list[str]]:
-    """Checks what a local run can honour; returns the trainer's env and notes for the user.
+def visible_gpus() -> int:
+    """The NVIDIA GPUs this process may use, without torch: the driver's devices
+    (/proc/driver/nvidia/gpus), at most as many as CUDA_VISIBLE_DEVICES lists."""
+    try:
+        present = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return present
+    listed = 0
+    for entry in visible.split(","):
+        if not entry.strip() or entry.strip().startswith("-"):
+            break
+        listed += 1
+    return min(present, listed)
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_local(job: LocalJob, gpus: int | None = None) -> tuple[dict[str, str], list[str]]:
+    """Checks what a local run can honour; returns the trainer's env and one note per field.
+
+    Args:
+        job: the job.
+        gpus: the GPUs this machine has (default: :func:`visible_gpus`).
 
     Raises:
-        LocalRunError: for ``spec.suspend: true`` and env the cluster must supply, naming the field.
+        LocalRunError: for ``spec.suspend: true``, ``spec.mode: Monarch`` and env the cluster
+            must supply, naming the field.
     """
     s = job.spec
     if s.mode == spec.MODE_MONARCH:
-        raise LocalRunError("spec.mode: Monarch serves Monarch's worker loop in pods for a client "
-                            "(monarch_spmd.kubernetes.proc_mesh); on this machine, spawn the procs with "
-                            "monarch.actor.this_host().spawn_procs instead, or run a Program-mode job")
+        raise LocalRunError(f"spec.mode: {LOCAL_FIELDS['mode'][1]}")
     if s.suspend:
-        raise LocalRunError("spec.suspend: true holds the job until a cluster (Kueue) releases it; "
-                            "there is nothing to hold locally: set it to false to run here")
+        raise LocalRunError(f"spec.suspend: {LOCAL_FIELDS['suspend'][1]}")
     try:
         env = policy.trainer_env(s)
     except policy.UnsupportedLocally as e:
         raise LocalRunError(str(e)) from None
-    unused = []
-    if s.image:
-        unused.append(f"spec.image ({s.image})")
-    if s.python != spec.DEFAULT_PYTHON:
-        unused.append(f"spec.python ({s.python})")
-    pod = dict(s.template.get("spec") or {})
-    pod.pop("containers", None)
-    unused.extend(f"spec.template.spec.{k}" for k in sorted(pod))
-    trainer = policy.trainer_container(s.template) or {}
-    unused.extend(f"the trainer container's {k}" for k in _POD_ONLY if k in trainer)
-    if s.ttl_seconds_after_finished is not None:
-        unused.append("spec.ttlSecondsAfterFinished (nothing to delete)")
     notes = []
-    if unused:
-        notes.append("not used locally (every rank runs with this machine's Python): " + ", ".join(unused))
-    if s.pod_replacement_policy != "Failed":
-        notes.append(f"restartPolicy.podReplacementPolicy {s.pod_replacement_policy}: locally the next attempt "
-                     "starts once every process of the last one is gone")
+    for path, value in job.fields.items():
+        treatment, why = LOCAL_FIELDS.get(path, (NOTED, "not known to this runner"))
+        if treatment != NOTED:
+            continue
+        if path.endswith(".*"):
+            for key, item in value.items():
+                notes.append(f"not used locally: spec.{path[:-1]}{key} ({_short(item)}): {why}")
+        else:
+            notes.append(f"not used locally: spec.{path} ({_short(value)}): {why}")
+    containers = (s.template.get("spec") or {}).get("containers") or []
+    trainer = policy.trainer_container(s.template)
+    for i, container in enumerate(containers):
+        if not isinstance(container, Mapping):
+            continue
+        where = f"spec.template.spec.containers[{i}]"
+        if container is not trainer:
+            notes.append(f"not used locally: {where} (the sidecar {container.get('name')!r}): only the trainer's "
+                         "program runs here")
+            continue
+        for key in _CONTAINER_NOTED:
+            if key in container:
+                notes.append(f"not used locally: {where}.{key} ({_short(container[key])}): every rank is a process "
+                             "of this machine")
+    if s.gpus_per_proc >= 1:
+        have = visible_gpus() if gpus is None else gpus
+        need = s.gpus_per_proc * s.world_size
+        if have < need:
+            notes.append(f"spec.gpusPerProc: {s.gpus_per_proc} asks for {need} GPUs in all and this machine has "
+                         f"{have}: CUDA_VISIBLE_DEVICES is left as it is (the ranks see what this machine has)")
     return env, notes
+
+
+def _enough_gpus(job: LocalJob, gpus: int | None = None) -> bool:
+    have = visible_gpus() if gpus is None else gpus
+    return job.spec.gpus_per_proc >= 1 and have >= job.spec.gpus_per_proc * job.spec.world_size
 
 
 # --- manifests ---------------------------------------------------------------------------------
@@ -156,7 +310,9 @@ def job_from_manifest(doc: Mapping[str, Any]) -> LocalJob:
         monarch_spmd.spec.SpecError: naming the manifest field (e.g. ``spec.mesh[1].size``).
     """
     name, _, parsed = spec.load_manifest(doc)
-    return LocalJob(name=name, spec=parsed, fixed_port="masterPort" in (doc.get("spec") or {}))
+    body = doc.get("spec") or {}
+    return LocalJob(name=name, spec=parsed, fixed_port="masterPort" in body,
+                    fields=present_fields(body) if isinstance(body, Mapping) else {})
 
 
 def job_from_args(
@@ -223,13 +379,31 @@ def _with_trainer_env(template: Mapping[str, Any], values: Mapping[str, str | No
     return out
 
 
-# --- running ---------------------------------------------------------------------------------
+# --- the workers -------------------------------------------------------------------------------
 
 
 class _Interrupted(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What every worker of a run shares."""
+
+    job: LocalJob
+    env: Mapping[str, str]
+    run_id: str
+    python: str
+    master_addr: str
+    master_port: int
+    agent_port: int
+    grace: float
+    progress_timeout: float
+    backoff: float | None
+    logs: LogOptions | None
+    gpus: bool
 
 
 def _gpu_env(job: LocalJob, first_rank: int, procs: int, base: Mapping[str, str]) -> dict[str, str]:
@@ -241,37 +415,135 @@ def _gpu_env(job: LocalJob, first_rank: int, procs: int, base: Mapping[str, str]
     return {"CUDA_VISIBLE_DEVICES": ",".join(str(d) for d in range(first_rank * per, (first_rank + procs) * per))}
 
 
-def _members(job: LocalJob, env: Mapping[str, str], attempt: int, run_id: str, python: str, port: int,
-             master_addr: str = LOCAL_MASTER_ADDR) -> list[gang.Member]:
-    """One worker per pod the operator would create: per proc, or per host (PerHost)."""
-    s = job.spec
-    base = dict(os.environ)
+def _procs_per_worker(s: JobSpec) -> int:
+    return s.mesh[-1].size if s.pod_layout == names.PER_HOST else 1
+
+
+def _member(plan: _Plan, index: int, restart: int, disruptions: int = 0) -> gang.Member:
+    """Worker ``index`` (one per pod the operator would create) of the gang created at ``restart``."""
+    job, s = plan.job, plan.job.spec
+    procs = _procs_per_worker(s)
+    first = index * procs
+    coords = contract.coords_of(job.mesh, first)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(names.RESERVED_PREFIX)}
     base.setdefault("PYTHONUNBUFFERED", "1")
-    per_host = s.pod_layout == names.PER_HOST
-    procs = s.mesh[-1].size if per_host else 1
-    members = []
-    for index in range(s.world_size // procs):
-        first = index * procs
-        coords = contract.coords_of(job.mesh, first)
-        inputs = worker.worker_input_env(
-            job.mesh,
-            coords[:-1] if per_host else coords,
-            master_addr,
-            port,
-            restart_count=attempt,
-            max_restarts=s.max_restarts,
-            run_id=run_id,
-            rendezvous_timeout=s.rendezvous_timeout_seconds,
-            local_rank_scope=policy.local_rank_scope(s),
-            pod_layout=s.pod_layout,
-        )
-        members.append(gang.Member(
-            rank=first,
-            command=[python, "-m", "monarch_spmd.payload.worker", "--", *s.args],
-            env={**base, **inputs, **_gpu_env(job, first, procs, {**base, **env}), **env},
-            prefix=not per_host,  # a PerHost worker prefixes its procs' lines itself
-        ))
-    return members
+    if timer.FILE_VAR in base and s.world_size // procs > 1:  # one watchdog pipe per worker
+        base[timer.FILE_VAR] = f"{base[timer.FILE_VAR]}.{index}"
+    backoff = {} if plan.backoff is None else {"backoff": plan.backoff}
+    logs = {}
+    if plan.logs is not None:
+        logs = {"log_dir": plan.logs.log_dir, "redirects": plan.logs.redirects, "tee": plan.logs.tee}
+    inputs = worker.worker_input_env(
+        job.mesh,
+        coords[:-1] if s.pod_layout == names.PER_HOST else coords,
+        plan.master_addr,
+        plan.master_port,
+        restart_count=restart,
+        max_restarts=s.max_restarts,
+        run_id=plan.run_id,
+        rendezvous_timeout=s.rendezvous_timeout_seconds,
+        local_rank_scope=policy.local_rank_scope(s),
+        pod_layout=s.pod_layout,
+        agent_port=plan.agent_port,
+        agent_addr=LOCAL_MASTER_ADDR,
+        disruptions=disruptions or None,
+        permanent_exit_codes=s.permanent_exit_codes or None,
+        retryable_exit_codes=s.retryable_exit_codes or None,
+        permanent_reasons=s.permanent_reasons or None,
+        progress_timeout=plan.progress_timeout or None,
+        stop_grace=float(plan.grace),
+        **backoff,
+        **logs,
+    )
+    gpus = _gpu_env(job, first, procs, {**base, **plan.env}) if plan.gpus else {}
+    return gang.Member(
+        rank=first,
+        command=[plan.python, "-m", "monarch_spmd.payload.worker", "--", *s.args],
+        env={**base, **inputs, **gpus, **plan.env},
+        prefix=s.pod_layout != names.PER_HOST,  # a PerHost worker prefixes its procs' lines itself
+        local_rank=index,
+    )
+
+
+# --- what the runner learns from the coordinator -----------------------------------------------
+
+
+@dataclass
+class _View:
+    """The coordinator's events as the runner saw them (filled by the observer's thread)."""
+
+    inbox: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
+    round: int = 0
+    final: dict[str, Any] | None = None
+    rows: dict[int, dict[int, dict[str, Any]]] = field(default_factory=dict)  # round -> rank -> row
+    pids: set[int] = field(default_factory=set)
+    announced: set[int] = field(default_factory=set)  # rounds whose first failure was said
+    quiet: bool = False  # the runner is stopping everything itself: the agents' reactions are not news
+
+    def drain(self) -> list[dict[str, Any]]:
+        out = []
+        while True:
+            try:
+                out.append(self.inbox.get_nowait())
+            except queue.Empty:
+                return out
+
+
+def _how(row: Mapping[str, Any]) -> str:
+    code, returncode = row.get("exit_code"), row.get("returncode")
+    name = gang.signal_name(returncode) if isinstance(returncode, int) else None
+    if name:
+        return f"was killed by {name} (exit code {code})"
+    return f"exited with code {code}"
+
+
+def _failed_words(event: Mapping[str, Any]) -> str:
+    """``rank 2 exited with code 3`` for a failure or ``failed`` event."""
+    rank, reason = event.get("rank"), event.get("reason")
+    if rank is None:
+        return f"the gang could not restart in place ({reason}: {event.get('message')})"
+    text = f"rank {rank} {_how(event)}"
+    if reason not in (None, rendezvous.REASON_ERROR, rendezvous.REASON_SIGNAL):
+        text += f": {reason}"
+        if reason in (rendezvous.REASON_WATCHDOG, rendezvous.REASON_NO_PROGRESS) and event.get("message"):
+            text += f" ({event['message']})"
+    return text
+
+
+def _table(view: _View, final: Mapping[str, Any], world: int) -> list[str]:
+    """The failed run's last round, one row per rank (docs: torchrun prints its root cause alike)."""
+    r = int(final.get("round", view.round))
+    rows = view.rows.get(r, {})
+    root = final.get("rank")
+    lines = [f"restart {r}, every rank's last process:",
+             f"  {'rank':<6}{'local rank':<12}{'process':<13}exit code"]
+    shown = []
+    for rank in range(world):
+        row = rows.get(rank)
+        if row is None:
+            shown.append((rank, f"  {rank:<6}{'-':<12}{'-':<13}{'-':<16}lost (its worker is gone)", True))
+            continue
+        code = gang.describe_returncode(row.get("returncode"))
+        if rank == root:
+            mark = "first failure"
+            if final.get("reason") not in (None, rendezvous.REASON_ERROR, rendezvous.REASON_SIGNAL):
+                mark += f" ({final.get('reason')})"
+        elif row.get("stopped"):
+            mark = "stopped (after the first failure)"
+        elif row.get("exit_code"):
+            mark = "failed too"
+        else:
+            mark = "ok"
+        pid = f"pid {row.get('pid')}"
+        interesting = rank == root or mark not in ("ok", "stopped (after the first failure)")
+        shown.append((rank, f"  {rank:<6}{row.get('local_rank', '-')!s:<12}{pid:<13}{code:<16}{mark}", interesting))
+    if len(shown) <= TABLE_ROWS:
+        lines.extend(text for _, text, _ in shown)
+    else:
+        lines.extend(text for _, text, keep in shown if keep)
+        rest = sum(1 for _, _, keep in shown if not keep)
+        lines.append(f"  ... and {rest} other ranks, stopped after the first failure or done")
+    return lines
 
 
 def run(
@@ -283,6 +555,11 @@ def run(
     grace_period: float = DEFAULT_GRACE_PERIOD,
     run_id: str | None = None,
     master_addr: str | None = None,
+    logs: LogOptions | None = None,
+    progress_timeout: float | None = None,
+    backoff: float | None = None,
+    agent_port: int | None = None,
+    on_event: Any = None,
 ) -> int:
     """Runs ``job`` locally (see the module docstring) and returns the exit code.
 
@@ -294,85 +571,257 @@ def run(
         run_id: TORCHELASTIC_RUN_ID (default ``<job name>-<8 hex digits>``, stable across restarts).
         master_addr: MASTER_ADDR, a name or address of this machine (default 127.0.0.1); rank 0
             listens here, on every interface.
+        logs: torchrun's ``--log-dir``/``--redirects``/``--tee``.
+        progress_timeout: seconds without output before a rank fails (NoProgress); default the
+            spec's ``restartPolicy.progressTimeoutSeconds``, else off.
+        backoff: the back-off before the second restart in a row (default the agents' 10 s).
+        agent_port: the coordinator's port (default a free one).
+        on_event: called with every observer message (welcome and events), in the observer's
+            thread (the benchmark's clock).
 
     Raises:
         LocalRunError: for a spec field that cannot be honoured locally (nothing is started).
     """
     env, notes = check_local(job)
-    write = gang.stream_writer(stdout or sys.stdout, stderr or sys.stderr)
+    out = gang.Prefixer(gang.stream_writer(stdout or sys.stdout, stderr or sys.stderr))
 
     def note(message: str) -> None:
-        write(2, f"{_TAG} {message}\n".encode())
+        out.line(2, f"{_TAG} {message}")
 
-    run_id = run_id or f"{job.name}-{uuid.uuid4().hex[:8]}"
-    master_addr = master_addr or LOCAL_MASTER_ADDR
-    exe = python or sys.executable
     s = job.spec
     world = s.world_size
-    per_host = s.pod_layout == names.PER_HOST
+    procs = _procs_per_worker(s)
+    if progress_timeout is None:
+        progress_timeout = float(getattr(s, "progress_timeout_seconds", None) or 0)
+    plan = _Plan(
+        job=job, env=env, run_id=run_id or f"{job.name}-{uuid.uuid4().hex[:8]}", python=python or sys.executable,
+        master_addr=master_addr or LOCAL_MASTER_ADDR,
+        master_port=s.master_port if job.fixed_port else free_port(LOCAL_MASTER_ADDR),
+        agent_port=agent_port or free_port(LOCAL_MASTER_ADDR), grace=grace_period,
+        progress_timeout=progress_timeout, backoff=backoff, logs=logs, gpus=_enough_gpus(job))
+    if plan.agent_port == plan.master_port:
+        plan = _replace(plan, agent_port=free_port(LOCAL_MASTER_ADDR))
     for message in notes:
         note(message)
-
-    def what(rank: int) -> str:
-        if not per_host:
-            return f"rank {rank}"
-        return f"the worker of ranks {rank}..{rank + s.mesh[-1].size - 1}"
-
-    def on_failure(rank: int, code: int) -> None:
-        note(f"{what(rank)} exited with code {code}; stopping the other ranks")
-    deadline = time.monotonic() + s.active_deadline_seconds if s.active_deadline_seconds else None
 
     def interrupted(signum: int, _frame: object) -> None:
         raise _Interrupted(signum)
 
     handlers: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
-        handlers = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
+        handlers = {sig: signal.signal(sig, interrupted) for sig in agent.STOP_SIGNALS}
+    deadline = time.monotonic() + s.active_deadline_seconds if s.active_deadline_seconds else None
+    restart = 0
     try:
-        attempt = 0
         while True:
-            port = s.master_port if job.fixed_port else free_port(LOCAL_MASTER_ADDR)
-            group = gang.Gang(_members(job, env, attempt, run_id, exe, port, master_addr), write, grace_period,
-                              on_failure)
-            note(f"attempt {attempt}: {world} ranks of mesh {contract.format_mesh(job.mesh)}, master "
-                 f"{master_addr}:{port}, run id {run_id}")
-            expired = False
-            try:
-                group.start()
-                while group.step():
-                    if group.killed:
-                        note(f"ranks still running {grace_period:g}s after SIGTERM; sent SIGKILL")
-                        group.killed = False
-                    if deadline is not None and not expired and time.monotonic() >= deadline:
-                        expired = True
-                        note(f"activeDeadlineSeconds ({s.active_deadline_seconds}s) passed; stopping all ranks")
-                        group.stop()
-            except _Interrupted as e:
-                note(f"{signal.Signals(e.signum).name} received; stopping all ranks")
-                for sig in handlers:
-                    signal.signal(sig, signal.SIG_IGN)
-                group.stop()
-                while group.step():
-                    pass
-                return 128 + e.signum
-            finally:
-                group.finish()
-            if expired:
-                note(f"job failed: DeadlineExceeded (active longer than {s.active_deadline_seconds}s)")
-                return EX_DEADLINE
-            failure = group.first_failure
-            if failure is None:
-                note(f"all {world} ranks succeeded")
-                return 0
-            code = failure.code if failure.code is not None else 1
-            permanent = policy.is_permanent(s, code, None)
-            if attempt < s.max_restarts and not permanent:
-                attempt += 1
-                note(f"restarting the gang (restart {attempt} of at most {s.max_restarts})")
-                continue
-            why = " (not retryable)" if permanent else ""
-            note(f"job failed: {what(failure.member.rank)} exited with code {code}{why}")
-            return code
+            note(f"{'attempt' if restart == 0 else 'new gang at restart'} {restart}: {world} ranks of mesh "
+                 f"{contract.format_mesh(job.mesh)}, master {plan.master_addr}:{plan.master_port}, run id {plan.run_id}")
+            outcome = _run_gang(plan, restart, out, note, deadline, handlers, on_event)
+            if isinstance(outcome, int):
+                return outcome
+            restart = outcome[0]  # the gang must be recreated (its rank-0 worker is gone)
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+
+
+def _replace(plan: _Plan, **changes: Any) -> _Plan:
+    return dataclasses.replace(plan, **changes)
+
+
+def _run_gang(plan: _Plan, restart: int, out: gang.Prefixer, note: Any, deadline: float | None,
+              handlers: Mapping[int, Any], on_event: Any) -> int | tuple[int]:
+    """One gang of workers, from its start to its end: an exit code, or ``(restart,)`` when a new
+    gang must start at that restart count."""
+    s = plan.job.spec
+    world = s.world_size
+    procs = _procs_per_worker(s)
+    view = _View(round=restart)
+    # The observer's thread wakes the loop through a pipe, so an event is said when it happens,
+    # between the ranks' lines around it.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    selector = selectors.DefaultSelector()
+
+    def on_message(message: dict[str, Any]) -> None:
+        if on_event is not None:
+            on_event(message)
+        view.inbox.put(message)
+        try:
+            os.write(wake_w, b"x")
+        except OSError:
+            pass
+
+    def woken() -> None:
+        try:
+            os.read(wake_r, 4096)
+        except OSError:
+            pass
+        _follow(view, note, world)
+
+    selector.register(wake_r, selectors.EVENT_READ, woken)
+    members = [_member(plan, i, restart) for i in range(world // procs)]
+    group = gang.Gang(members, out, plan.grace, preexec=agent.parent_death_hook(signal.SIGTERM),
+                      stop_on_failure=False, selector=selector)
+    observer = agent.Observer(LOCAL_MASTER_ADDR, plan.agent_port, on_message,
+                              retry_until=time.monotonic() + s.rendezvous_timeout_seconds + 5)
+    expired = False
+    stopped_by: int | None = None
+    handled: set[int] = set()
+    lost: list[tuple[str, int]] = []  # a killed worker that could not be replaced: why, and its code
+    try:
+        try:
+            group.start()
+            observer.start()
+            while True:
+                alive = group.step(0.1)
+                _follow(view, note, world)
+                if group.killed:
+                    note(f"ranks still running {plan.grace:g}s after the signal; sent SIGKILL")
+                    _kill_ranks(view)
+                    group.killed = False
+                if deadline is not None and not expired and stopped_by is None and time.monotonic() >= deadline:
+                    expired = view.quiet = True
+                    note(f"activeDeadlineSeconds ({s.active_deadline_seconds}s) passed; stopping all ranks")
+                    group.stop()
+                if not expired and stopped_by is None and view.final is None and not lost:
+                    lost.extend(_replace_lost(plan, group, view, note, handled))
+                if not alive:
+                    break
+        except _Interrupted as e:
+            stopped_by = e.signum
+            view.quiet = True
+            note(f"{signal.Signals(e.signum).name} received; passing it to every rank and stopping")
+            for sig in handlers:
+                signal.signal(sig, signal.SIG_IGN)
+            group.stop(e.signum)
+            while group.step(0.1):
+                if group.killed:
+                    _kill_ranks(view)
+                    group.killed = False
+    finally:
+        group.finish()
+        time.sleep(0.05)
+        _follow(view, note, world)
+        observer.stop()
+        _follow(view, note, world)
+        _kill_ranks(view)
+        selector.close()
+        os.close(wake_r)
+        os.close(wake_w)
+    if stopped_by is not None:
+        return 128 + stopped_by
+    if expired:
+        note(f"job failed: DeadlineExceeded (active longer than {s.active_deadline_seconds}s)")
+        return EX_DEADLINE
+    final = view.final
+    codes = [p.code for p in group.procs]
+    if lost and final is None:
+        what, code = lost[0]
+        for line in _table(view, {"round": view.round}, world):
+            note(line)
+        note(f"job failed: {what} (restarts used up: {view.round} of at most {s.max_restarts})")
+        return code
+    if final is not None and final["type"] == rendezvous.EV_SUCCEEDED:
+        note(f"all {world} ranks succeeded")
+        return 0
+    if final is not None and not final.get("fallback"):
+        for line in _table(view, final, world):
+            note(line)
+        why = ""
+        if final.get("permanent"):
+            why = " (not retryable)"
+        elif final.get("exhausted") and not final.get("max_restarts"):
+            why = " (no restarts allowed: maxRestarts 0)"
+        elif final.get("exhausted"):
+            why = f" (restarts used up: {final.get('counted')} of at most {final.get('max_restarts')})"
+        note(f"job failed: {_failed_words(final)}{why}")
+        return int(final.get("exit_code") or 1)
+    if final is None and all(c == 0 for c in codes):
+        note(f"all {world} ranks succeeded")
+        return 0
+    # The gang could not go on in place: a fallback, or the coordinator (rank 0's worker) is gone.
+    last = int(final["round"]) if final is not None else view.round
+    why = _failed_words(final) if final is not None else (
+        f"the worker of rank 0 {_how({'exit_code': group.procs[0].code, 'returncode': group.procs[0].returncode})}")
+    if last >= s.max_restarts:
+        for line in _table(view, final or {"round": last}, world):
+            note(line)
+        note(f"job failed: {why} (restarts used up: {last} of at most {s.max_restarts})")
+        failing = [c for c in codes if c]
+        return failing[0] if failing else 1
+    note(f"{why}; recreating the gang (restart {last + 1} of at most {s.max_restarts})")
+    return (last + 1,)
+
+
+def _follow(view: _View, note: Any, world: int) -> None:
+    """Turns the coordinator's events into the runner's notes and its view of the ranks."""
+    quiet = view.quiet
+    for event in view.drain():
+        kind = event.get("type")
+        r = event.get("round")
+        if kind == rendezvous.WELCOME:
+            view.round = int(event.get("round", view.round))
+        elif kind == rendezvous.EV_RUNNING:
+            for row in event.get("procs") or []:
+                if isinstance(row.get("pid"), int):
+                    view.pids.add(row["pid"])
+        elif kind == rendezvous.EV_EXITED:
+            for row in event.get("procs") or []:
+                view.rows.setdefault(int(r), {})[int(row["rank"])] = row
+        elif kind == rendezvous.EV_FAILURE and not quiet:
+            if r not in view.announced:
+                view.announced.add(r)
+                if event.get("reason") == rendezvous.REASON_MEMBER_LOST:
+                    note(f"{event.get('message')}; stopping the other ranks")
+                else:
+                    note(f"{_failed_words(event)}; stopping the other ranks")
+        elif kind == rendezvous.EV_RESTART:
+            view.round = int(event.get("next_round", view.round))
+            if not quiet and event.get("reason") == rendezvous.REASON_MEMBER_LOST:
+                note(f"the other ranks restart in place (restart {event.get('next_round')}) once a new worker of "
+                     f"member {event.get('member')} joins")
+            elif not quiet:
+                wait = event.get("backoff_seconds") or 0
+                after = f", after a back-off of {wait:g}s" if wait else ""
+                note(f"restarting the gang (restart {event.get('next_round')} of at most {event.get('max_restarts')}) "
+                     f"in place{after}")
+        elif kind == rendezvous.EV_ALL_RUNNING and event.get("seconds_since_failure") is not None and not quiet:
+            note(f"restart {r}: every rank is running again, {event['seconds_since_failure']:.2f}s after the failure")
+        elif kind in (rendezvous.EV_SUCCEEDED, rendezvous.EV_FAILED):
+            view.final = event
+
+
+def _kill_ranks(view: _View) -> None:
+    """SIGKILL to the process group of every rank the workers started (each leads its own): what a
+    worker could not stop itself is gone too."""
+    for pid in view.pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _replace_lost(plan: _Plan, group: gang.Gang, view: _View, note: Any, handled: set[int]) -> list[tuple[str, int]]:
+    """Replaces a worker (not rank 0's) that was killed, as the operator replaces a lost pod: the
+    others restart in place and wait for it. When the restarts are used up every worker is
+    stopped instead, and the loss is returned (why, exit code) to fail the job with."""
+    s = plan.job.spec
+    for index, proc in enumerate(group.procs):
+        if index == 0 or proc.code is None or id(proc) in handled:
+            continue
+        handled.add(id(proc))
+        if proc.returncode is None or proc.returncode >= 0 or proc.stopped:
+            continue  # it ended as the coordinator told it: not lost
+        time.sleep(0.2)  # a final event on its way decides first
+        _follow(view, note, s.world_size)
+        if view.final is not None or group.procs[0].code is not None:
+            return []
+        what = f"the worker of rank {proc.member.rank} (pid {proc.pid}) {_how(proc.row())}"
+        if view.round >= s.max_restarts:
+            note(f"{what}; stopping every rank")
+            group.stop()
+            return [(what, proc.code or 1)]
+        note(f"{what}; starting a new one in its place (the other ranks restart in place and wait for it)")
+        group.respawn(index, _member(plan, index, view.round + 1))
+    return []

@@ -1,9 +1,10 @@
 """torchrun's command line, read the way monarch-spmd runs it: the on-ramp for torchrun users.
 
 Where it sits: below :mod:`monarch_spmd.cli` (``monarch-spmd run`` and ``monarch-spmd manifest``
-parse with it), beside the runner; it imports only :mod:`.payload.contract` and
-:mod:`.payload.names`. Standard library only, and pure: the caller counts GPUs and CPUs, makes
-run ids and prints the notes.
+parse with it), beside the runner; it imports only :mod:`.payload.contract`,
+:mod:`.payload.names` and :mod:`.payload.gang` (torchrun's ``--redirects``/``--tee`` syntax).
+Standard library only, and pure: the caller counts GPUs and CPUs, makes run ids and prints the
+notes.
 
 torchrun's world is ``--nnodes`` x ``--nproc-per-node``. It becomes the mesh ``[nodes=N, procs=P]``
 with the PerHost layout: one worker per node, which starts the node's P procs exactly as
@@ -36,13 +37,18 @@ flag                                   ``run`` (this machine) / ``manifest`` (an
 ``--role``                             ROLE_NAME
 ``-m``/``--module``, ``--run-path``    the script is a module / a path
 ``--shutdown-timeout``                 ``run``: seconds from SIGTERM to SIGKILL
-``--no-python``, ``--redirects`` and   refused, saying why
-``--tee`` (but 0), ``--duplicate-*-filters``,
+``--log-dir``, ``--redirects``,        ``run``: each rank's stdout/stderr also (tee) or only
+``--tee``                              (redirects) in files laid out as torchrun lays them
+                                       out, ``DIR/<run id>_*/attempt_<N>/<local rank>/``
+                                       ``stdout.log`` (a temp folder without ``--log-dir``).
+                                       ``manifest``: ignored, a pod's log is its output
+``--no-python``,                       refused, saying why
+``--duplicate-*-filters``,
 ``--numa-binding``,
 ``--virtual-local-rank``,
 ``--print-completion``
-other agent settings (``--log-dir``,   ignored, with a note saying why
-``--monitor-interval`` ...)
+other agent settings                   ignored, with a note saying why
+(``--monitor-interval`` ...)
 =====================================  ====================================================
 
 The defaults that depend on torchrun's rendezvous follow it too: with one node and neither
@@ -64,7 +70,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from .payload import contract, names
+from .payload import contract, gang, names
 
 #: The mesh's dimension names: torchrun's nodes, and the procs of each.
 NODES_DIM: Final = "nodes"
@@ -138,9 +144,11 @@ FLAGS: Final[tuple[Flag, ...]] = (
     Flag(("-m", "--module"), "module", None, "the script is a module, run as python -m"),
     Flag(_both("--no-python"), "no_python", None, "refused: the training program is run by Python"),
     Flag(_both("--run-path"), "run_path", None, "the script is a path (as without it)"),
-    Flag(_both("--log-dir"), "log_dir", "DIR", "ignored: output is streamed, each line prefixed [rank N]"),
-    Flag(("-r", "--redirects"), "redirects", "STD", "only 0: output is streamed, not written to files"),
-    Flag(("-t", "--tee"), "tee", "STD", "only 0: output is streamed, not written to files"),
+    Flag(_both("--log-dir"), "log_dir", "DIR", "run: each rank's log files go here, as torchrun lays them out"),
+    Flag(("-r", "--redirects"), "redirects", "STD", "run: send 1 stdout, 2 stderr, 3 both of each rank (or "
+         "LOCAL_RANK:STD,...) to its log files only"),
+    Flag(("-t", "--tee"), "tee", "STD", "run: copy 1 stdout, 2 stderr, 3 both of each rank (or LOCAL_RANK:STD,...) "
+         "to its log files too"),
     Flag(_both("--log-line-prefix-template"), "log_line_prefix_template", "TEMPLATE", "ignored: lines are prefixed [rank N]"),
     Flag(_both("--local-ranks-filter"), "local_ranks_filter", "RANKS", "ignored: every rank's output is shown"),
     Flag(_both("--duplicate-stdout-filters"), "duplicate_stdout_filters", "FILTERS", "refused: writes files"),
@@ -160,7 +168,7 @@ BY_DEST: Final[Mapping[str, Flag]] = {f.dest: f for f in FLAGS}
 
 #: Flags that tune torchrun's agent, which monarch-spmd's runner and worker replace: accepted and
 #: ignored, with a note saying why (per target where the reason differs).
-_IGNORED: Final[Mapping[str, str | Mapping[str, str]]] = {
+_IGNORED: Final[Mapping[str, str | Mapping[str, str | None]]] = {
     "rdzv_backend": "monarch-spmd forms the gang itself: every rank starts at once and rank 0 hosts the "
                     "TCPStore at MASTER_ADDR:MASTER_PORT",
     "rdzv_endpoint": "monarch-spmd forms the gang itself: every rank starts at once and rank 0 hosts the "
@@ -170,8 +178,9 @@ _IGNORED: Final[Mapping[str, str | Mapping[str, str]]] = {
     "monitor_interval": "the ranks are watched by monarch-spmd, which notices an exit at once",
     "start_method": "every rank is a process of its own, started as `python SCRIPT` (torchrun's spawn)",
     "event_log_handler": "monarch-spmd writes no torchelastic events",
-    "log_dir": {LOCAL: "every rank's output is streamed here, each line prefixed [rank N]",
-                CLUSTER: "every rank's output is its pod's log: monarch-spmd logs JOB [--rank R]"},
+    "log_dir": {LOCAL: None, CLUSTER: "every rank's output is its pod's log: monarch-spmd logs JOB [--rank R]"},
+    "redirects": {LOCAL: None, CLUSTER: "every rank's output is its pod's log: monarch-spmd logs JOB [--rank R]"},
+    "tee": {LOCAL: None, CLUSTER: "every rank's output is its pod's log: monarch-spmd logs JOB [--rank R]"},
     "log_line_prefix_template": "every line is prefixed [rank N]",
     "local_ranks_filter": {LOCAL: "every rank's output is shown",
                            CLUSTER: "monarch-spmd logs JOB --rank R shows one rank"},
@@ -357,6 +366,8 @@ class Plan:
         role: ROLE_NAME, or None for torchrun's ``default``.
         grace_period: seconds between SIGTERM and SIGKILL (``--shutdown-timeout``), or None.
         notes: one line per flag accepted but ignored, naming it and saying why.
+        log_dir, redirects, tee: ``--log-dir``, ``--redirects``, ``--tee`` for a local run (torchrun's
+            syntax, checked); on the cluster None, "0", "0".
     """
 
     nodes: int
@@ -370,6 +381,9 @@ class Plan:
     role: str | None = None
     grace_period: float | None = None
     notes: tuple[str, ...] = ()
+    log_dir: str | None = None
+    redirects: str = "0"
+    tee: str = "0"
 
     @property
     def mesh(self) -> list[tuple[str, int]]:
@@ -495,16 +509,23 @@ def plan(launch: Launch, target: str, *, gpus: int = 0, cpus: int = 1) -> Plan:
     for dest, why in _REFUSED.items():
         if opts.get(dest) is not None:
             raise TorchrunError(f"{BY_DEST[dest].name}: not supported: {why}")
+    std: dict[str, str] = {}
     for dest in ("redirects", "tee"):
-        if opts.get(dest) is not None and str(opts[dest]).strip() != "0":
-            raise TorchrunError(f"{BY_DEST[dest].name} {opts[dest]}: not supported: it sends output to files; "
-                                "every rank's output is streamed, each line prefixed [rank N] (on Kubernetes: "
-                                "monarch-spmd logs JOB); give 0 or drop the flag")
+        if opts.get(dest) is not None:
+            try:
+                gang.parse_std(str(opts[dest]), BY_DEST[dest].name)
+            except ValueError as e:
+                raise TorchrunError(str(e)) from None
+            std[dest] = str(opts[dest]).strip()
     notes: list[str] = []
     for dest, why in _IGNORED.items():
         if opts.get(dest) is not None:
             reason = why if isinstance(why, str) else why[target]
-            notes.append(f"{BY_DEST[dest].name}: ignored: {reason}")
+            if reason is not None:
+                notes.append(f"{BY_DEST[dest].name}: ignored: {reason}")
+    log_dir = opts.get("log_dir") if target == LOCAL else None
+    if log_dir is not None and not str(log_dir).strip():
+        raise TorchrunError("--log-dir: empty; give a folder for the ranks' log files, e.g. --log-dir logs")
 
     nodes = parse_nnodes(opts["nnodes"]) if opts.get("nnodes") is not None else 1
     try:
@@ -591,9 +612,12 @@ def plan(launch: Launch, target: str, *, gpus: int = 0, cpus: int = 1) -> Plan:
         if opts.get("standalone") and master_port is not None:
             notes.append("--master-port: ignored with --standalone, as torchrun ignores it")
             master_port = None
+    if target == CLUSTER:
+        std = {}
     return Plan(nodes=nodes, procs=procs, from_gpus=from_gpus, argv=argv, max_restarts=max_restarts,
                 master_addr=master_addr, master_port=master_port, run_id=run_id, role=role,
-                grace_period=grace, notes=tuple(notes))
+                grace_period=grace, notes=tuple(notes), log_dir=log_dir, redirects=std.get("redirects", "0"),
+                tee=std.get("tee", "0"))
 
 
 # --- the SPMDJob a torchrun command line stands for -----------------------------------------

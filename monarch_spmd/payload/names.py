@@ -55,6 +55,27 @@ LOCAL_RANK_SCOPE_VAR: Final = "MONARCH_SPMD_LOCAL_RANK_SCOPE"
 POD_LAYOUT_VAR: Final = "MONARCH_SPMD_POD_LAYOUT"
 MODE_VAR: Final = "MONARCH_SPMD_MODE"
 MONARCH_PORT_VAR: Final = "MONARCH_SPMD_MONARCH_PORT"
+# Restart in place (docs/restart-in-place.md): the coordinator, the policy it decides with, hangs.
+AGENT_PORT_VAR: Final = "MONARCH_SPMD_AGENT_PORT"
+AGENT_ADDR_VAR: Final = "MONARCH_SPMD_AGENT_ADDR"
+DISRUPTIONS_VAR: Final = "MONARCH_SPMD_DISRUPTIONS"
+PERMANENT_EXIT_CODES_VAR: Final = "MONARCH_SPMD_PERMANENT_EXIT_CODES"
+RETRYABLE_EXIT_CODES_VAR: Final = "MONARCH_SPMD_RETRYABLE_EXIT_CODES"
+PERMANENT_REASONS_VAR: Final = "MONARCH_SPMD_PERMANENT_REASONS"
+BACKOFF_VAR: Final = "MONARCH_SPMD_BACKOFF_SECONDS"
+MAX_BACKOFF_VAR: Final = "MONARCH_SPMD_MAX_BACKOFF_SECONDS"
+BACKOFF_RESET_VAR: Final = "MONARCH_SPMD_BACKOFF_RESET_SECONDS"
+JOIN_TIMEOUT_VAR: Final = "MONARCH_SPMD_JOIN_TIMEOUT"
+MEMBER_FAILURE_LIMIT_VAR: Final = "MONARCH_SPMD_MEMBER_FAILURE_LIMIT"
+PROGRESS_TIMEOUT_VAR: Final = "MONARCH_SPMD_PROGRESS_TIMEOUT"
+STOP_GRACE_VAR: Final = "MONARCH_SPMD_STOP_GRACE"
+# torchrun's --log-dir, --redirects and --tee (set by the local runner).
+LOG_DIR_VAR: Final = "MONARCH_SPMD_LOG_DIR"
+REDIRECTS_VAR: Final = "MONARCH_SPMD_REDIRECTS"
+TEE_VAR: Final = "MONARCH_SPMD_TEE"
+#: The coordinator's port in pods: torchrun's c10d rendezvous port (never MASTER_PORT, which rank
+#: 0's TCPStore owns).
+DEFAULT_AGENT_PORT: Final = 29400
 
 #: ``spec.podLayout``: one pod (one worker) per proc, or per coordinate of every dimension but
 #: the last (a "host"), whose worker starts that host's procs as local processes.
@@ -78,5 +99,6 @@ USER_SETTABLE_VARS: Final = frozenset({ROLE_NAME_VAR, LOCAL_RANK_SCOPE_VAR})
 # --- the worker's own exit codes -------------------------------------------------------------
 #: Bad worker input: a missing or invalid variable, or an empty argv. Permanent.
 EX_USAGE: Final = 64
-#: Rendezvous timeout: MASTER_ADDR never resolved. Retryable.
+#: Retryable by design: MASTER_ADDR never resolved, or the gang must be recreated because a
+#: restart in place could not complete (docs/restart-in-place.md).
 EX_TEMPFAIL: Final = 75

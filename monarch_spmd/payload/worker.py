@@ -49,7 +49,36 @@ MONARCH_SPMD_MODE                   ``Program`` (default),      ``Monarch``: thi
                                                                 Monarch's worker loop instead of
                                                                 running an argv (see below)
 MONARCH_SPMD_MONARCH_PORT           ``26600`` (default)         Monarch mode: the worker loop's port
+MONARCH_SPMD_AGENT_PORT             unset (default), ``29400``  the restart-in-place coordinator's
+                                                                port (member 0 listens, every agent
+                                                                connects); unset: no restart in
+                                                                place, the first failure ends the
+                                                                worker with its code
+MONARCH_SPMD_AGENT_ADDR             the master address          where agents reach the coordinator
+MONARCH_SPMD_DISRUPTIONS            ``0`` (default)             restarts so far that do not count
+                                                                against the maximum
+MONARCH_SPMD_PERMANENT_EXIT_CODES   ``""`` (default), ``3,4``   restartPolicy.permanentExitCodes
+MONARCH_SPMD_RETRYABLE_EXIT_CODES   ``""`` (default), ``1``     restartPolicy.retryableExitCodes
+MONARCH_SPMD_PERMANENT_REASONS      ``""``, ``OOMKilled``       restartPolicy.permanentReasons
+MONARCH_SPMD_BACKOFF_SECONDS        ``10`` (default)            back-off before the 2nd restart in a
+                                                                row, doubling after
+MONARCH_SPMD_MAX_BACKOFF_SECONDS    ``300`` (default)           the longest back-off
+MONARCH_SPMD_BACKOFF_RESET_SECONDS  ``300`` (default)           a round that ran this long resets it
+MONARCH_SPMD_JOIN_TIMEOUT           ``120`` (default)           seconds a round may stay open before
+                                                                the gang is recreated (exit 75)
+MONARCH_SPMD_MEMBER_FAILURE_LIMIT   ``3`` (default)             in-place restarts in a row caused by
+                                                                one pod before the gang is recreated
+MONARCH_SPMD_PROGRESS_TIMEOUT       ``0`` (default: off)        seconds without output from a rank
+                                                                before it fails (NoProgress)
+MONARCH_SPMD_STOP_GRACE             ``30`` (default)            seconds from SIGTERM to SIGKILL when
+                                                                the agent stops its processes
+MONARCH_SPMD_LOG_DIR                unset (default)             torchrun's ``--log-dir``
+MONARCH_SPMD_REDIRECTS              ``0`` (default), ``3``      torchrun's ``--redirects``
+MONARCH_SPMD_TEE                    ``0`` (default), ``0:3``    torchrun's ``--tee``
 ==================================  ==========================  =====================================
+
+None of these variables reaches the training processes: they get torchrun's variables over the
+worker's environment without any MONARCH_SPMD_* variable.
 
 What it does, in order:
 
@@ -61,17 +90,22 @@ What it does, in order:
    containers; see :func:`wait_for_master`); if it does not within the rendezvous timeout it says
    so, naming address and timeout, and exits with 75 (``EX_TEMPFAIL``, retryable). It never waits
    for rank 0's port: every rank starts its program at once, as under torchrun;
-4. runs the argv (``-m module args...`` or ``path.py args...``) with ``sys.executable`` as a
-   child process, forwards SIGTERM, SIGINT and SIGHUP to it, and exits with the child's exit code
-   (128+N when the child was killed by signal N), so it becomes the pod's exit code.
+4. becomes the pod's agent (:mod:`.agent`, torchrun's elastic agent): runs the argv
+   (``-m module args...`` or ``path.py args...``) with ``sys.executable``, one process per proc
+   of the pod, all at once, each leading its own process group, passes SIGTERM, SIGINT and
+   SIGHUP on to them as they are, and exits with the first failure's exit code (128+N for a
+   process killed by signal N), so it becomes the pod's exit code. With
+   MONARCH_SPMD_AGENT_PORT set it restarts the processes in place instead, in rounds agreed with
+   the other pods' agents (docs/restart-in-place.md), and serves torchrun's watchdog
+   (TORCHELASTIC_ENABLE_FILE_TIMER) and the progress timeout in every mode.
 
-In the PerHost layout step 4 runs one child per proc of the host, all at once, as torchrun's
-agent runs ``--nproc-per-node`` workers (:mod:`.gang`): each with its own environment from the
-contract (LOCAL_RANK = its index on the last dimension), each output line prefixed with its
-rank; the first child to fail stops its siblings (SIGTERM, SIGKILL after
-SIBLING_GRACE_SECONDS) and its exit code becomes the worker's, after a last line naming it
-(``monarch-spmd worker: rank R exited with code C ...``, also written to the termination
-message) so that the job's status names the rank, not only the pod. Signals reach every child.
+In the PerHost layout step 4 runs one process per proc of the host, as torchrun's agent runs
+``--nproc-per-node`` workers (:mod:`.gang`): each with its own environment from the contract
+(LOCAL_RANK = its index on the last dimension), each output line prefixed with its rank; the
+first to fail stops its siblings (SIGTERM, SIGKILL after the grace period) and the worker's last
+line names it (``monarch-spmd worker: rank R exited with code C (local rank L) in restart N;
+...``, also written to the termination message) so that the job's status names the rank, not
+only the pod.
 
 In Monarch mode (``MONARCH_SPMD_MODE=Monarch``, no argv) steps 3 and 4 are replaced: the worker
 runs Monarch's worker loop as its child (``python -c`` :data:`MONARCH_BOOTSTRAP`: this module
@@ -84,6 +118,7 @@ Without torchmonarch the child exits 64 naming the interpreter, a permanent fail
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -92,7 +127,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 if __name__ == "__main__" and not __package__:
     # Run as a file (the pod command, the ConfigMap mounted at /opt/monarch-spmd/payload): load
@@ -110,9 +145,25 @@ if __name__ == "__main__" and not __package__:
     _spec.loader.exec_module(_package)
     sys.exit(importlib.import_module(f"{_spec.name}.worker").main())
 
-from . import contract, gang
+from . import agent, contract, gang, rendezvous, timer
 from .names import (
+    AGENT_ADDR_VAR,
+    AGENT_PORT_VAR,
+    BACKOFF_RESET_VAR,
+    BACKOFF_VAR,
     COORDS_VAR,
+    DISRUPTIONS_VAR,
+    JOIN_TIMEOUT_VAR,
+    LOG_DIR_VAR,
+    MAX_BACKOFF_VAR,
+    MEMBER_FAILURE_LIMIT_VAR,
+    PERMANENT_EXIT_CODES_VAR,
+    PERMANENT_REASONS_VAR,
+    PROGRESS_TIMEOUT_VAR,
+    REDIRECTS_VAR,
+    RETRYABLE_EXIT_CODES_VAR,
+    STOP_GRACE_VAR,
+    TEE_VAR,
     EX_TEMPFAIL,
     EX_USAGE,
     DEFAULT_MONARCH_PORT,
@@ -152,6 +203,22 @@ INPUT_VARS: Final = (
     POD_LAYOUT_VAR,
     MODE_VAR,
     MONARCH_PORT_VAR,
+    AGENT_PORT_VAR,
+    AGENT_ADDR_VAR,
+    DISRUPTIONS_VAR,
+    PERMANENT_EXIT_CODES_VAR,
+    RETRYABLE_EXIT_CODES_VAR,
+    PERMANENT_REASONS_VAR,
+    BACKOFF_VAR,
+    MAX_BACKOFF_VAR,
+    BACKOFF_RESET_VAR,
+    JOIN_TIMEOUT_VAR,
+    MEMBER_FAILURE_LIMIT_VAR,
+    PROGRESS_TIMEOUT_VAR,
+    STOP_GRACE_VAR,
+    LOG_DIR_VAR,
+    REDIRECTS_VAR,
+    TEE_VAR,
 )
 
 DEFAULT_RUN_ID: Final = "none"
@@ -160,8 +227,10 @@ SCOPE_MESH: Final = "mesh"
 SCOPE_POD: Final = "pod"
 LOCAL_RANK_SCOPES: Final = (SCOPE_MESH, SCOPE_POD)
 
-#: Signals passed on to the training process.
-FORWARDED_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: Signals passed on to the training processes, as they are.
+FORWARDED_SIGNALS: Final = agent.STOP_SIGNALS
+#: Seconds from SIGTERM to SIGKILL when the agent stops its processes (torchrun's agent gives 30).
+DEFAULT_STOP_GRACE: Final = 30.0
 
 _PREFIX: Final = "monarch-spmd worker"
 
@@ -191,6 +260,22 @@ class WorkerInputs:
     pod_layout: str = PER_PROC
     mode: str = MODE_PROGRAM
     monarch_port: int = DEFAULT_MONARCH_PORT
+    agent_port: int | None = None
+    agent_addr: str | None = None
+    disruptions: int = 0
+    permanent_exit_codes: tuple[int, ...] = ()
+    retryable_exit_codes: tuple[int, ...] = ()
+    permanent_reasons: tuple[str, ...] = ()
+    backoff: float = rendezvous.DEFAULT_BACKOFF
+    max_backoff: float = rendezvous.DEFAULT_MAX_BACKOFF
+    backoff_reset: float = rendezvous.DEFAULT_BACKOFF_RESET
+    join_timeout: float = rendezvous.DEFAULT_JOIN_TIMEOUT
+    member_failure_limit: int = rendezvous.DEFAULT_MEMBER_FAILURE_LIMIT
+    progress_timeout: float = 0.0
+    stop_grace: float = DEFAULT_STOP_GRACE
+    log_dir: str | None = None
+    redirects: int | dict[int, int] = 0
+    tee: int | dict[int, int] = 0
 
     @property
     def local_procs(self) -> int:
@@ -205,6 +290,25 @@ class WorkerInputs:
     def rank(self) -> int:
         """This proc's global rank (the first proc's, in PerHost)."""
         return contract.rank_of(self.mesh, self.proc_coords(0))
+
+    @property
+    def member(self) -> int:
+        """This worker's member id in the gang: the index of its pod."""
+        return self.rank // self.local_procs
+
+    @property
+    def members(self) -> int:
+        """How many workers (pods) the gang has."""
+        return contract.world_size(self.mesh) // self.local_procs
+
+    def policy(self) -> rendezvous.Policy:
+        """The restart policy the coordinator decides with."""
+        return rendezvous.Policy(
+            max_restarts=self.max_restarts, disruptions=self.disruptions,
+            permanent_exit_codes=self.permanent_exit_codes, retryable_exit_codes=self.retryable_exit_codes,
+            permanent_reasons=self.permanent_reasons, backoff=self.backoff, max_backoff=self.max_backoff,
+            backoff_reset=self.backoff_reset, join_timeout=self.join_timeout,
+            member_failure_limit=self.member_failure_limit)
 
 
 def worker_input_env(
@@ -222,13 +326,16 @@ def worker_input_env(
     pod_layout: str = PER_PROC,
     mode: str = MODE_PROGRAM,
     monarch_port: int = DEFAULT_MONARCH_PORT,
+    **optional: Any,
 ) -> dict[str, str]:
     """The MONARCH_SPMD_* variables for one proc: what the operator and the local runner inject.
 
     The inverse of :func:`read_inputs`; the arguments mean what the table in the module docstring
-    says (MONARCH_SPMD_MODE and MONARCH_SPMD_MONARCH_PORT only in Monarch mode). Values are
-    checked by parsing the result back, so a bad argument raises :class:`WorkerInputError`
-    naming the variable.
+    says (MONARCH_SPMD_MODE and MONARCH_SPMD_MONARCH_PORT only in Monarch mode). ``optional``
+    takes the restart-in-place inputs by their :class:`WorkerInputs` names (``agent_port``,
+    ``agent_addr``, ``disruptions``, ``permanent_exit_codes`` ... ``tee``); each is written only
+    when given and not None. Values are checked by parsing the result back, so a bad argument
+    raises :class:`WorkerInputError` naming the variable.
     """
     env = {
         MESH_VAR: contract.format_mesh(mesh),
@@ -246,8 +353,44 @@ def worker_input_env(
     if mode != MODE_PROGRAM:
         env[MODE_VAR] = mode
         env[MONARCH_PORT_VAR] = str(monarch_port)
+    for key, value in optional.items():
+        if key not in OPTIONAL_INPUTS:
+            raise TypeError(f"worker_input_env: unknown input {key!r}; expected one of {', '.join(OPTIONAL_INPUTS)}")
+        if value is not None:
+            env[OPTIONAL_INPUTS[key]] = _format_input(value)
     read_inputs(env)
     return env
+
+
+#: The optional inputs of :func:`worker_input_env`: WorkerInputs field -> variable.
+OPTIONAL_INPUTS: Final = {
+    "agent_port": AGENT_PORT_VAR,
+    "agent_addr": AGENT_ADDR_VAR,
+    "disruptions": DISRUPTIONS_VAR,
+    "permanent_exit_codes": PERMANENT_EXIT_CODES_VAR,
+    "retryable_exit_codes": RETRYABLE_EXIT_CODES_VAR,
+    "permanent_reasons": PERMANENT_REASONS_VAR,
+    "backoff": BACKOFF_VAR,
+    "max_backoff": MAX_BACKOFF_VAR,
+    "backoff_reset": BACKOFF_RESET_VAR,
+    "join_timeout": JOIN_TIMEOUT_VAR,
+    "member_failure_limit": MEMBER_FAILURE_LIMIT_VAR,
+    "progress_timeout": PROGRESS_TIMEOUT_VAR,
+    "stop_grace": STOP_GRACE_VAR,
+    "log_dir": LOG_DIR_VAR,
+    "redirects": REDIRECTS_VAR,
+    "tee": TEE_VAR,
+}
+
+
+def _format_input(value: Any) -> str:
+    if isinstance(value, float):
+        return _format_seconds(value)
+    if isinstance(value, Mapping):
+        return ",".join(f"{k}:{v}" for k, v in value.items())
+    if isinstance(value, (tuple, list, set, frozenset)):
+        return ",".join(str(v) for v in value)
+    return str(value)
 
 
 def _format_seconds(value: float) -> str:
@@ -267,6 +410,20 @@ def _int_var(environ: Mapping[str, str], name: str, default: int | None, low: in
         raise WorkerInputError(f"{name}: {raw!r} is not {valid}") from None
     if value < low or (high is not None and value > high):
         raise WorkerInputError(f"{name}: {value} is out of range; expected {valid}")
+    return value
+
+
+def _seconds_var(environ: Mapping[str, str], name: str, default: float, *, zero: bool = False) -> float:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value != value or value == float("inf") or value < 0 or (value == 0 and not zero):
+        valid = "0 (off) or more" if zero else "greater than 0"
+        raise WorkerInputError(f"{name}: {raw!r} is not valid; expected a number of seconds {valid}")
     return value
 
 
@@ -339,6 +496,17 @@ def read_inputs(environ: Mapping[str, str]) -> WorkerInputs:
     if mode == MODE_MONARCH and layout != PER_HOST:
         raise WorkerInputError(f"{MODE_VAR}={mode} needs {POD_LAYOUT_VAR}={PER_HOST} (one Monarch host per worker)")
     monarch_port = _int_var(environ, MONARCH_PORT_VAR, DEFAULT_MONARCH_PORT, 1, 65535)
+    agent_port = _int_var(environ, AGENT_PORT_VAR, 0, 1, 65535) or None
+    if agent_port is not None and agent_port == master_port and (environ.get(AGENT_ADDR_VAR, "").strip() or master_addr) == master_addr:
+        raise WorkerInputError(f"{AGENT_PORT_VAR}: {agent_port} is also {MASTER_PORT_VAR}, which rank 0's TCPStore "
+                               "owns; give the coordinator another port (torchrun's rendezvous uses 29400)")
+    try:
+        permanent_codes = rendezvous.parse_codes(environ.get(PERMANENT_EXIT_CODES_VAR, ""), PERMANENT_EXIT_CODES_VAR)
+        retryable_codes = rendezvous.parse_codes(environ.get(RETRYABLE_EXIT_CODES_VAR, ""), RETRYABLE_EXIT_CODES_VAR)
+        redirects = gang.parse_std(environ.get(REDIRECTS_VAR, "") or "0", REDIRECTS_VAR)
+        tee = gang.parse_std(environ.get(TEE_VAR, "") or "0", TEE_VAR)
+    except ValueError as e:
+        raise WorkerInputError(str(e)) from None
     return WorkerInputs(
         mesh=mesh,
         coords=coords,
@@ -353,6 +521,22 @@ def read_inputs(environ: Mapping[str, str]) -> WorkerInputs:
         pod_layout=layout,
         mode=mode,
         monarch_port=monarch_port,
+        agent_port=agent_port,
+        agent_addr=environ.get(AGENT_ADDR_VAR, "").strip() or None,
+        disruptions=_int_var(environ, DISRUPTIONS_VAR, 0, 0, None),
+        permanent_exit_codes=permanent_codes,
+        retryable_exit_codes=retryable_codes,
+        permanent_reasons=rendezvous.parse_reasons(environ.get(PERMANENT_REASONS_VAR, "")),
+        backoff=_seconds_var(environ, BACKOFF_VAR, rendezvous.DEFAULT_BACKOFF, zero=True),
+        max_backoff=_seconds_var(environ, MAX_BACKOFF_VAR, rendezvous.DEFAULT_MAX_BACKOFF, zero=True),
+        backoff_reset=_seconds_var(environ, BACKOFF_RESET_VAR, rendezvous.DEFAULT_BACKOFF_RESET, zero=True),
+        join_timeout=_seconds_var(environ, JOIN_TIMEOUT_VAR, rendezvous.DEFAULT_JOIN_TIMEOUT),
+        member_failure_limit=_int_var(environ, MEMBER_FAILURE_LIMIT_VAR, rendezvous.DEFAULT_MEMBER_FAILURE_LIMIT, 1, None),
+        progress_timeout=_seconds_var(environ, PROGRESS_TIMEOUT_VAR, 0.0, zero=True),
+        stop_grace=_seconds_var(environ, STOP_GRACE_VAR, DEFAULT_STOP_GRACE, zero=True),
+        log_dir=environ.get(LOG_DIR_VAR, "").strip() or None,
+        redirects=redirects,
+        tee=tee,
     )
 
 
@@ -449,28 +633,6 @@ def wait_for_master(addr: str, port: int, *, timeout: float, poll_interval: floa
         time.sleep(min(poll_interval, max(0.0, deadline - time.monotonic())))
 
 
-def _pdeathsig_setter() -> Callable[[], None] | None:
-    """A pre-exec hook that makes the child get SIGKILL if the worker dies (Linux only).
-
-    The C library is loaded here, in the parent: the hook itself runs between fork and exec and
-    must not import anything.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig = 1
-
-    def hook() -> None:
-        prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
-
-    return hook
-
-
 def run_child(command: Sequence[str], env: Mapping[str, str]) -> int:
     """Runs ``command`` with ``env``, forwarding FORWARDED_SIGNALS, and returns its exit code.
 
@@ -490,7 +652,7 @@ def run_child(command: Sequence[str], env: Mapping[str, str]) -> int:
 
     previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
     try:
-        child = subprocess.Popen(list(command), env=dict(env), preexec_fn=_pdeathsig_setter())
+        child = subprocess.Popen(list(command), env=dict(env), preexec_fn=agent.parent_death_hook())
         for signum in pending:
             child.send_signal(signum)
         while True:
@@ -509,58 +671,61 @@ def _err(message: str) -> None:
     print(f"{_PREFIX}: {message}", file=sys.stderr, flush=True)
 
 
-#: Seconds a PerHost worker gives the siblings of a failed proc between SIGTERM and SIGKILL
-#: (torchrun's agent gives 30); a stop asked for by a signal waits for the children instead,
-#: until the kubelet's own grace period ends.
-SIBLING_GRACE_SECONDS: Final = 30.0
-TERMINATION_LOG: Final = "/dev/termination-log"
+#: The last line a failed agent writes (also its termination message), which the operator reads.
+failure_line = agent.failure_line
 
 
-def failure_line(rank: int, local: int, code: int) -> str:
-    """The last line a PerHost worker writes when one of its procs failed (parsed by the operator)."""
-    return f"{_PREFIX}: rank {rank} exited with code {code} (local rank {local}); stopped the other local ranks"
+def _is_loopback(addr: str) -> bool:
+    return addr == "localhost" or addr.startswith("127.") or addr == "::1"
 
 
-def run_host(inputs: WorkerInputs, command: Sequence[str], base: Mapping[str, str]) -> int:
-    """Runs the host's procs as a gang (see the module docstring); returns the exit code."""
-    first = inputs.rank
-    members = [
-        gang.Member(rank=first + local, command=command, env={**base, **build_env(inputs, base, local)})
-        for local in range(inputs.local_procs)
-    ]
-    failed: list[tuple[int, int]] = []
-    group = gang.Gang(members, gang.stream_writer(sys.stdout, sys.stderr), SIBLING_GRACE_SECONDS,
-                      on_failure=lambda rank, code: failed.append((rank, code)), preexec=_pdeathsig_setter())
-    received: list[int] = []
+def agent_settings(inputs: WorkerInputs, base: Mapping[str, str]) -> agent.Settings:
+    """The agent's settings from the worker's inputs (see :mod:`.agent`)."""
+    coordinator = None
+    bind_any = True
+    if inputs.agent_port is not None:
+        addr = inputs.agent_addr or inputs.master_addr
+        coordinator = (addr, inputs.agent_port)
+        bind_any = not _is_loopback(addr)
+    return agent.Settings(
+        member=inputs.member,
+        members=inputs.members,
+        procs=inputs.local_procs,
+        first_rank=inputs.rank,
+        world_size=contract.world_size(inputs.mesh),
+        first_round=inputs.restart_count,
+        run_id=inputs.run_id,
+        coordinator=coordinator,
+        policy=inputs.policy(),
+        grace=inputs.stop_grace,
+        progress_timeout=inputs.progress_timeout,
+        connect_timeout=inputs.rendezvous_timeout,
+        prefix=inputs.pod_layout == PER_HOST,
+        node=base.get("NODE_NAME") or socket.gethostname(),
+        log_dir=inputs.log_dir,
+        redirects=inputs.redirects,
+        tee=inputs.tee,
+        watchdog=base.get(timer.ENABLE_VAR, "").strip() == "1",
+        timer_file=base.get(timer.FILE_VAR) or None,
+        bind_any=bind_any,
+    )
 
-    def forward(signum: int, _frame: object) -> None:
-        received.append(signum)
-        group.grace = 1e9  # the kubelet decides when it is enough
-        group.stop(signum)
 
-    previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
-    try:
-        group.start()
-        while group.step(0.2):
-            pass
-    finally:
-        group.finish()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    if failed:
-        rank, code = failed[0]
-        line = failure_line(rank, rank - first, code)
-        _err(line[len(_PREFIX) + 2:])
-        try:
-            with open(TERMINATION_LOG, "w", encoding="utf-8") as f:
-                f.write(line + "\n")
-        except OSError:
-            pass  # not in a pod, or not writable: the log's last line says it
-        return code
-    codes = [p.code for p in group.procs if p.code]
-    if codes:
-        return codes[0]
-    return 128 + received[0] if received and group.killed else 0
+def program_env(base: Mapping[str, str]) -> dict[str, str]:
+    """The environment a training process inherits: the worker's, without any MONARCH_SPMD_* input."""
+    return {k: v for k, v in base.items() if not k.startswith(RESERVED_PREFIX)}
+
+
+def run_agent(inputs: WorkerInputs, command: Sequence[str], base: Mapping[str, str]) -> int:
+    """Runs the pod's processes as its agent (see :mod:`.agent`); returns the exit code."""
+    clean = program_env(base)
+
+    def env_for(round_: int, local: int) -> dict[str, str]:
+        this = dataclasses.replace(inputs, restart_count=round_)
+        return {**clean, **build_env(this, clean, local)}
+
+    out = gang.Prefixer(gang.stream_writer(sys.stdout, sys.stderr))
+    return agent.Agent(agent_settings(inputs, base), command, env_for, out).run()
 
 
 #: The child a Monarch-mode worker runs (``python -c MONARCH_BOOTSTRAP ADDRESS``): Monarch's
@@ -662,9 +827,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except KeyboardInterrupt:
         _err("interrupted while waiting for the master")
         return 128 + signal.SIGINT
-    if inputs.pod_layout == PER_HOST:
-        return run_host(inputs, command, base)
-    return run_child(command, {**base, **env})
+    return run_agent(inputs, command, base)
 
 
 if __name__ == "__main__":

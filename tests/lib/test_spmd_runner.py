@@ -179,7 +179,7 @@ def test_ctrl_c_stops_every_rank(spawn):
     proc.proc.send_signal(signal.SIGINT)
     assert proc.finish(120) == 128 + signal.SIGINT
     out = proc.text
-    assert "SIGINT received; stopping all ranks" in out
+    assert "SIGINT received; passing it to every rank and stopping" in out
     pids = pids_in(out)
     assert len(pids) == 8, out
     assert wait_dead(pids) == set()
@@ -314,7 +314,7 @@ def test_a_failing_proc_of_a_per_host_worker_fails_the_gang():
     out = result.stdout + result.stderr
     assert result.returncode == 5, out
     assert "monarch-spmd worker: rank 3 exited with code 5 (local rank 1)" in out
-    assert "the worker of ranks 2..3 exited with code 5; stopping the other ranks" in out
+    assert "[monarch-spmd] rank 3 exited with code 5; stopping the other ranks" in out
 
 
 def test_a_monarch_mode_job_is_refused_locally_naming_the_field(tmp_path):

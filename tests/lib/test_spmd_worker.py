@@ -194,7 +194,7 @@ def test_a_failing_local_proc_stops_its_siblings_and_names_its_rank():
                  host_inputs("hosts=2,gpus=3", "1"), timeout=120)  # the siblings sleep 600 s
     assert result.returncode == 3, result.stderr
     last = result.stderr.strip().splitlines()[-1]
-    assert last == "monarch-spmd worker: rank 4 exited with code 3 (local rank 1); stopped the other local ranks"
+    assert last == "monarch-spmd worker: rank 4 exited with code 3 (local rank 1) in restart 0; stopped the other local ranks"
     pids = pids_in(result.stdout + result.stderr)
     assert wait_dead(pids) == set()
 

@@ -1,24 +1,24 @@
 """Checks every torchrun contract variable of this process against the mesh; exits 1 on a mismatch.
 
 The expected values are computed here independently of ``monarch_spmd.payload.contract`` (this file uses
-only the standard library, and torch with ``--gloo``), from, in order of preference, the options
-below or the MONARCH_SPMD_* inputs a worker was given:
+only the standard library, and torch with ``--gloo``), from the options below where given:
 
 ==========================  ============================  =========================================
 expectation                 option                        otherwise
 ==========================  ============================  =========================================
-mesh                        ``--mesh hosts=2,gpus=2``     MONARCH_SPMD_MESH (required one way)
-coordinates                 (none)                        MONARCH_SPMD_COORDS, else from RANK (in a
-                                                          PerHost pod: from RANK, checked against
-                                                          the pod's MONARCH_SPMD_COORDS)
-local-rank scope            ``--local-rank-scope``        MONARCH_SPMD_LOCAL_RANK_SCOPE, else mesh
-master address / port       ``--master-addr/-port``       MONARCH_SPMD_MASTER_ADDR/PORT, else any
-restart count / limit       ``--restart-count/--max-..``  MONARCH_SPMD_RESTART_COUNT/MAX_RESTARTS,
-                                                          else 0
-run id                      ``--run-id``                  MONARCH_SPMD_RUN_ID, else any non-empty
-role name                   ``--role-name``               MONARCH_SPMD_ROLE_NAME, else "default"
+mesh                        ``--mesh hosts=2,gpus=2``     [GROUP_WORLD_SIZE, LOCAL_WORLD_SIZE]: the
+                                                          variables must then agree with each other
+coordinates                 (none)                        from RANK
+local-rank scope            ``--local-rank-scope``        mesh
+master address / port       ``--master-addr/-port``       any
+restart count / limit       ``--restart-count/--max-..``  any / 0
+run id                      ``--run-id``                  any non-empty
+role name                   ``--role-name``               "default"
 OMP_NUM_THREADS             ``--omp-num-threads``         "1" when LOCAL_WORLD_SIZE > 1, else any
 ==========================  ============================  =========================================
+
+It also checks that no MONARCH_SPMD_* variable (the worker's own inputs) reached the program, as
+torchrun's workers see only torchrun's variables and their own environment.
 
 Then it joins a gloo process group (env://) and checks that the ranks gathered from all procs are
 exactly 0..WORLD_SIZE-1: this exercises MASTER_ADDR/MASTER_PORT for real, and under the worker it
@@ -65,40 +65,33 @@ def _mesh(text: str) -> list[tuple[str, int]]:
 
 def expected_env(opts: argparse.Namespace, env: dict[str, str]) -> tuple[dict[str, str | None], list[str]]:
     """The expected value of each contract variable (None: any non-empty value) and problems."""
-    problems: list[str] = []
-    mesh_text = opts.mesh or env.get("MONARCH_SPMD_MESH")
-    if not mesh_text:
-        return {}, ["no mesh: pass --mesh NAME=SIZE,... or set MONARCH_SPMD_MESH"]
-    mesh = _mesh(mesh_text)
-    sizes = [s for _, s in mesh]
-    world = math.prod(sizes)
-    per_host = env.get("MONARCH_SPMD_POD_LAYOUT") == "PerHost"
-    if env.get("MONARCH_SPMD_COORDS") and not per_host:
-        coords = [int(c) for c in env["MONARCH_SPMD_COORDS"].split(",")]
-        rank = 0
-        for size, c in zip(sizes, coords):
-            rank = rank * size + c
+    problems = [f"{k} reached the program (the worker's inputs must not)" for k in sorted(env)
+                if k.startswith("MONARCH_SPMD_")]
+    if opts.mesh:
+        mesh = _mesh(opts.mesh)
     else:
         try:
-            rank = int(env.get("RANK", ""))
-        except ValueError:
-            return {}, [f"RANK={env.get('RANK')!r} is not an integer"]
-        coords, r = [], rank
-        for size in reversed(sizes):
-            r, c = divmod(r, size)
-            coords.append(c)
-        coords.reverse()
-        host = env.get("MONARCH_SPMD_COORDS", "")
-        if per_host and [int(c) for c in host.split(",") if c] != coords[:-1]:
-            problems.append(f"RANK {rank} is not a proc of this PerHost pod (MONARCH_SPMD_COORDS={host!r})")
-    scope = opts.local_rank_scope or env.get("MONARCH_SPMD_LOCAL_RANK_SCOPE") or "mesh"
+            local = int(env.get("LOCAL_WORLD_SIZE", ""))
+            mesh = [("group", int(env.get("WORLD_SIZE", "")) // local), ("local", local)]
+        except (ValueError, ZeroDivisionError):
+            return {}, [*problems, "no mesh: pass --mesh NAME=SIZE,... (WORLD_SIZE/LOCAL_WORLD_SIZE do not give one)"]
+    sizes = [s for _, s in mesh]
+    world = math.prod(sizes)
+    try:
+        rank = int(env.get("RANK", ""))
+    except ValueError:
+        return {}, [*problems, f"RANK={env.get('RANK')!r} is not an integer"]
+    coords, r = [], rank
+    for size in reversed(sizes):
+        r, c = divmod(r, size)
+        coords.append(c)
+    coords.reverse()
+    scope = opts.local_rank_scope or "mesh"
     local_world = 1 if scope == "pod" else sizes[-1]
     local_rank = 0 if scope == "pod" else coords[-1]
 
-    def pick(option: object, var: str, default: str | None) -> str | None:
-        if option is not None:
-            return str(option)
-        return env.get(var) or default
+    def pick(option: object, default: str | None) -> str | None:
+        return str(option) if option is not None else default
 
     if local_world > 1:
         omp = str(opts.omp_num_threads) if opts.omp_num_threads is not None else "1"
@@ -113,12 +106,12 @@ def expected_env(opts: argparse.Namespace, env: dict[str, str]) -> tuple[dict[st
         "GROUP_WORLD_SIZE": str(world // local_world),
         "ROLE_RANK": str(rank),
         "ROLE_WORLD_SIZE": str(world),
-        "ROLE_NAME": pick(opts.role_name, "MONARCH_SPMD_ROLE_NAME", "default"),
-        "MASTER_ADDR": pick(opts.master_addr, "MONARCH_SPMD_MASTER_ADDR", None),
-        "MASTER_PORT": pick(opts.master_port, "MONARCH_SPMD_MASTER_PORT", None),
-        "TORCHELASTIC_RESTART_COUNT": pick(opts.restart_count, "MONARCH_SPMD_RESTART_COUNT", "0"),
-        "TORCHELASTIC_MAX_RESTARTS": pick(opts.max_restarts, "MONARCH_SPMD_MAX_RESTARTS", "0"),
-        "TORCHELASTIC_RUN_ID": pick(opts.run_id, "MONARCH_SPMD_RUN_ID", None),
+        "ROLE_NAME": pick(opts.role_name, "default"),
+        "MASTER_ADDR": pick(opts.master_addr, None),
+        "MASTER_PORT": pick(opts.master_port, None),
+        "TORCHELASTIC_RESTART_COUNT": pick(opts.restart_count, None),
+        "TORCHELASTIC_MAX_RESTARTS": pick(opts.max_restarts, "0"),
+        "TORCHELASTIC_RUN_ID": pick(opts.run_id, None),
         "TORCHELASTIC_USE_AGENT_STORE": "False",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         "OMP_NUM_THREADS": omp,
@@ -165,7 +158,7 @@ def gloo_check(timeout: float) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Checks the torchrun contract variables.")
-    parser.add_argument("--mesh", help="ordered mesh NAME=SIZE,...; default MONARCH_SPMD_MESH")
+    parser.add_argument("--mesh", help="ordered mesh NAME=SIZE,...; default [GROUP_WORLD_SIZE, LOCAL_WORLD_SIZE]")
     parser.add_argument("--local-rank-scope", choices=["mesh", "pod"])
     parser.add_argument("--master-addr")
     parser.add_argument("--master-port", type=int)

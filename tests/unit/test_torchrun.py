@@ -102,9 +102,9 @@ DECISIONS = {
     "module": (None, "ok", "ok"),
     "no_python": (None, "refused", "refused"),
     "run_path": (None, "note", "note"),
-    "log_dir": ("/tmp/logs", "note", "note"),
-    "redirects": ("3", "refused", "refused"),
-    "tee": ("3", "refused", "refused"),
+    "log_dir": ("/tmp/logs", "ok", "note"),
+    "redirects": ("3", "ok", "note"),
+    "tee": ("3", "ok", "note"),
     "log_line_prefix_template": ("${rank}:", "note", "note"),
     "local_ranks_filter": ("0", "note", "note"),
     "duplicate_stdout_filters": ("loss", "refused", "refused"),
@@ -158,14 +158,21 @@ def test_what_the_honoured_flags_become():
     assert local("x.py").mesh == [("nodes", 1), ("procs", 1)] and local("x.py").max_restarts == 0
 
 
-@pytest.mark.parametrize("value", ["0", "3"])
-def test_redirects_and_tee_are_accepted_only_as_0(value):
-    for flag in ("-r", "--redirects", "-t", "--tee"):
-        if value == "0":
-            assert local(flag, value, "x.py").notes == ()
-        else:
-            long = {"-r": "--redirects", "-t": "--tee"}.get(flag, flag)
-            assert refused(LOCAL, flag, value, "x.py").startswith(f"{long} 3: not supported")
+@pytest.mark.parametrize("value", ["0", "1", "2", "3", "0:3,1:2", "1:1"])
+def test_redirects_and_tee_take_torchruns_values_and_a_local_run_keeps_them(value):
+    for flag, dest in (("-r", "redirects"), ("--redirects", "redirects"), ("-t", "tee"), ("--tee", "tee")):
+        p = local(flag, value, "--log-dir", "/tmp/l", "x.py")
+        assert p.notes == () and getattr(p, dest) == value and p.log_dir == "/tmp/l"
+        on_cluster = plan(parse([flag, value, "x.py"]), CLUSTER, gpus=0, cpus=2)
+        assert (on_cluster.redirects, on_cluster.tee, on_cluster.log_dir) == ("0", "0", None)
+        assert any(n.startswith(f"--{dest}: ignored") for n in on_cluster.notes)
+
+
+@pytest.mark.parametrize("value", ["4", "x", "0:4", "0:3,", "-1", ""])
+def test_redirects_and_tee_refuse_what_torchrun_refuses_naming_the_flag(value):
+    for flag, long in (("-r", "--redirects"), ("--tee", "--tee")):
+        message = refused(LOCAL, flag, value, "x.py")
+        assert message.startswith(f"{long}: {value!r} is not valid; expected 0 (none), 1 (stdout)"), message
 
 
 def test_no_python_says_why():

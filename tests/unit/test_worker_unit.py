@@ -69,9 +69,28 @@ def test_input_names_are_the_documented_ones():
         "MONARCH_SPMD_POD_LAYOUT",
         "MONARCH_SPMD_MODE",
         "MONARCH_SPMD_MONARCH_PORT",
+        "MONARCH_SPMD_AGENT_PORT",
+        "MONARCH_SPMD_AGENT_ADDR",
+        "MONARCH_SPMD_DISRUPTIONS",
+        "MONARCH_SPMD_PERMANENT_EXIT_CODES",
+        "MONARCH_SPMD_RETRYABLE_EXIT_CODES",
+        "MONARCH_SPMD_PERMANENT_REASONS",
+        "MONARCH_SPMD_BACKOFF_SECONDS",
+        "MONARCH_SPMD_MAX_BACKOFF_SECONDS",
+        "MONARCH_SPMD_BACKOFF_RESET_SECONDS",
+        "MONARCH_SPMD_JOIN_TIMEOUT",
+        "MONARCH_SPMD_MEMBER_FAILURE_LIMIT",
+        "MONARCH_SPMD_PROGRESS_TIMEOUT",
+        "MONARCH_SPMD_STOP_GRACE",
+        "MONARCH_SPMD_LOG_DIR",
+        "MONARCH_SPMD_REDIRECTS",
+        "MONARCH_SPMD_TEE",
     )
-    for var in worker.INPUT_VARS:  # one table, in the module docstring
+    for var in worker.INPUT_VARS:  # one table, in the module docstring, and in the design doc
         assert var in worker.__doc__
+    doc = (PACKAGE.parent / "docs" / "restart-in-place.md").read_text()
+    for var in worker.OPTIONAL_INPUTS.values():
+        assert var in doc, var
 
 
 @pytest.mark.parametrize(
@@ -154,11 +173,63 @@ def test_worker_input_env_round_trips():
         rendezvous_timeout=30,
         local_rank_scope="pod",
     )
-    # Every input but Monarch mode's own two, which a Program-mode worker is not given.
-    assert set(env) == set(worker.INPUT_VARS) - {worker.MODE_VAR, worker.MONARCH_PORT_VAR}
+    # Every input but Monarch mode's own two and the optional ones, which are written only when given.
+    assert set(env) == set(worker.INPUT_VARS) - {worker.MODE_VAR, worker.MONARCH_PORT_VAR} - set(worker.OPTIONAL_INPUTS.values())
     assert env[worker.RENDEZVOUS_TIMEOUT_VAR] == "30"
     inputs = read_inputs(env)
     assert (inputs.rank, inputs.master_port, inputs.restart_count, inputs.local_rank_scope) == (3, 1234, 2, "pod")
+
+
+def test_the_restart_in_place_inputs_round_trip():
+    env = worker_input_env(
+        [("hosts", 2), ("gpus", 4)], [1], "m.svc", 1234, pod_layout="PerHost", max_restarts=3,
+        agent_port=29400, disruptions=1, permanent_exit_codes=(3, 4), retryable_exit_codes=None,
+        permanent_reasons=("OOMKilled",), backoff=2.5, max_backoff=60.0, backoff_reset=0.0, join_timeout=30.0,
+        member_failure_limit=2, progress_timeout=90.0, stop_grace=5.0, log_dir="/l", redirects="0:3,1:1", tee="2")
+    assert env[worker.AGENT_PORT_VAR] == "29400" and env[worker.PERMANENT_EXIT_CODES_VAR] == "3,4"
+    assert worker.RETRYABLE_EXIT_CODES_VAR not in env  # None: not written
+    inputs = read_inputs(env)
+    assert (inputs.agent_port, inputs.agent_addr, inputs.disruptions, inputs.member, inputs.members) == (29400, None, 1, 1, 2)
+    policy = inputs.policy()
+    assert (policy.max_restarts, policy.disruptions, policy.permanent_exit_codes, policy.permanent_reasons) == (
+        3, 1, (3, 4), ("OOMKilled",))
+    assert (policy.backoff, policy.max_backoff, policy.backoff_reset, policy.join_timeout, policy.member_failure_limit) == (
+        2.5, 60.0, 0.0, 30.0, 2)
+    assert (inputs.progress_timeout, inputs.stop_grace, inputs.log_dir, inputs.redirects, inputs.tee) == (
+        90.0, 5.0, "/l", {0: 3, 1: 1}, 2)
+    settings = worker.agent_settings(inputs, {"NODE_NAME": "n1", "TORCHELASTIC_ENABLE_FILE_TIMER": "1"})
+    assert settings.coordinator == ("m.svc", 29400) and settings.bind_any  # a pod: every interface
+    assert (settings.member, settings.members, settings.procs, settings.first_rank, settings.node) == (1, 2, 4, 4, "n1")
+    assert settings.watchdog and settings.prefix
+    local = worker.agent_settings(read_inputs({**env, worker.AGENT_ADDR_VAR: "127.0.0.1"}), {})
+    assert local.coordinator == ("127.0.0.1", 29400) and not local.bind_any and not local.watchdog
+    alone = worker.agent_settings(read_inputs({k: v for k, v in env.items() if k != worker.AGENT_PORT_VAR}), {})
+    assert alone.coordinator is None
+
+
+def test_the_training_program_gets_no_worker_input():
+    base = {**GOOD, "PATH": "/bin", "MONARCH_SPMD_ANYTHING": "x"}
+    assert worker.program_env(base) == {"PATH": "/bin"}
+
+
+@pytest.mark.parametrize(("var", "value", "hint"), [
+    ("MONARCH_SPMD_AGENT_PORT", "0", "1..65535"),
+    ("MONARCH_SPMD_AGENT_PORT", "29500", "rank 0's TCPStore"),
+    ("MONARCH_SPMD_DISRUPTIONS", "-1", "at least 0"),
+    ("MONARCH_SPMD_PERMANENT_EXIT_CODES", "3,x", "expected integers 1..255"),
+    ("MONARCH_SPMD_RETRYABLE_EXIT_CODES", "256", "out of range"),
+    ("MONARCH_SPMD_BACKOFF_SECONDS", "-1", "0 (off) or more"),
+    ("MONARCH_SPMD_JOIN_TIMEOUT", "0", "greater than 0"),
+    ("MONARCH_SPMD_MEMBER_FAILURE_LIMIT", "0", "at least 1"),
+    ("MONARCH_SPMD_PROGRESS_TIMEOUT", "soon", "0 (off) or more"),
+    ("MONARCH_SPMD_STOP_GRACE", "inf", "0 (off) or more"),
+    ("MONARCH_SPMD_REDIRECTS", "4", "expected 0 (none)"),
+    ("MONARCH_SPMD_TEE", "0:9", "expected 0 (none)"),
+])
+def test_bad_restart_in_place_inputs_name_the_variable(var, value, hint):
+    with pytest.raises(WorkerInputError) as err:
+        read_inputs({**GOOD, var: value})
+    assert str(err.value).startswith(var) and hint in str(err.value), err.value
 
 
 def test_worker_input_env_refuses_bad_values_naming_the_variable():
@@ -217,7 +288,8 @@ def test_payload_imports_only_the_standard_library_and_its_siblings(name):
 
 
 def test_payload_holds_the_contract_the_worker_and_the_names():
-    assert {"__init__.py", "contract.py", "names.py", "worker.py"} <= set(PAYLOAD_FILES)
+    assert {"__init__.py", "contract.py", "names.py", "worker.py", "agent.py", "rendezvous.py", "timer.py",
+            "failures.py", "gang.py"} <= set(PAYLOAD_FILES)
 
 
 def test_init_imports_actor_only_inside_getattr():

@@ -1,0 +1,1021 @@
+"""The agent: the worker as torchrun's elastic agent, restarting its processes in place.
+
+Where it sits: in the payload (standard library only, shipped into pods), above
+:mod:`.rendezvous` (the protocol and the coordinator's state machine), :mod:`.gang` (processes
+and output) and :mod:`.timer` (the watchdog), below :mod:`.worker`, which reads the inputs and
+hands the agent its :class:`Settings`, the command and the env of each process. The local runner
+(:mod:`monarch_spmd.runner`) runs the same code through the worker and watches it as an
+observer (:class:`Observer`). docs/restart-in-place.md describes the protocol, the failure cases
+and the bounds; this module is its I/O.
+
+Every agent (one per pod, one per local worker) runs the processes of its pod, one round at a
+time, and talks to the coordinator over one TCP connection: ``hello``, ``join`` r, ``go`` r,
+``running``, ``failure``, ``exited``, ``stop``, ``fail``, ``finish``, heartbeats both ways. The
+agent of member 0 (the pod of rank 0, what MASTER_ADDR names) also runs the coordinator, in a
+thread of its own (:class:`CoordinatorServer`), and connects to it over loopback like any other
+member. Without a coordinator (MONARCH_SPMD_AGENT_PORT unset) the agent runs one round and exits
+with its first failure's code, so the operator recreates the gang.
+
+In each round the agent also enforces torchrun's watchdog (TORCHELASTIC_ENABLE_FILE_TIMER) and
+the progress timeout: a rank whose timer expires, or that writes nothing for the timeout, is
+killed and its exit is the round's failure (WatchdogTimeout, NoProgress).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from . import gang, rendezvous, timer
+from .names import EX_TEMPFAIL
+
+_PREFIX: Final = "monarch-spmd worker"
+#: Where a pod's termination message goes (the operator reads it); absent off a cluster.
+TERMINATION_LOG: Final = "/dev/termination-log"
+#: Kubernetes keeps at most this many bytes of a termination message.
+TERMINATION_LIMIT: Final = 4096
+#: Signals that stop the agent; each is passed on to the processes as it is (torchrun's).
+STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: How often the agent's loop turns at the least (seconds).
+TICK: Final = 0.1
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What an agent needs besides the command (read by the worker from its inputs).
+
+    Attributes:
+        member: this agent's member id (the pod's index in the gang).
+        members: how many members (pods) the gang has.
+        procs: how many processes this agent runs per round (1, or a host's procs in PerHost).
+        first_rank: the global rank of its first process.
+        world_size: the gang's world size.
+        first_round: the round (restart count) the pod was created for.
+        run_id: TORCHELASTIC_RUN_ID.
+        coordinator: (address, port) of the coordinator, or None (no restart in place).
+        policy: the coordinator's policy (read only by member 0).
+        grace: seconds between SIGTERM and SIGKILL when stopping the processes.
+        progress_timeout: seconds without output before a rank is a failure (0: off).
+        connect_timeout: seconds to reach the coordinator at start (the rendezvous timeout).
+        prefix: prefix the processes' lines with their rank (PerHost pods).
+        node: where this agent runs (the pod's node), for the coordinator's events.
+        log_dir, redirects, tee: torchrun's --log-dir, --redirects, --tee.
+        watchdog: serve torchrun's file timer (TORCHELASTIC_ENABLE_FILE_TIMER=1).
+        timer_file: TORCHELASTIC_TIMER_FILE, or None for a fresh path.
+        bind_any: the coordinator listens on every interface (a pod) rather than on the
+            coordinator address only (a local run on loopback).
+    """
+
+    member: int
+    members: int
+    procs: int
+    first_rank: int
+    world_size: int
+    first_round: int = 0
+    run_id: str = "none"
+    coordinator: tuple[str, int] | None = None
+    policy: rendezvous.Policy = field(default_factory=rendezvous.Policy)
+    grace: float = 30.0
+    progress_timeout: float = 0.0
+    connect_timeout: float = 300.0
+    prefix: bool = False
+    node: str = ""
+    log_dir: str | None = None
+    redirects: int | Mapping[int, int] = 0
+    tee: int | Mapping[int, int] = 0
+    watchdog: bool = False
+    timer_file: str | None = None
+    bind_any: bool = True
+
+
+# --- sockets ---------------------------------------------------------------------------------------
+
+
+def _family(addr: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in addr else socket.AF_INET
+
+
+def listen(addr: str, port: int, bind_any: bool) -> socket.socket:
+    """The coordinator's listening socket: every interface (IPv6 and IPv4 where both exist) or
+    ``addr`` only."""
+    if bind_any:
+        if socket.has_dualstack_ipv6():
+            try:
+                return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=4096)
+            except OSError:
+                pass
+        return socket.create_server(("", port), backlog=4096)
+    return socket.create_server((addr, port), family=_family(addr), backlog=4096)
+
+
+class _Conn:
+    """One connection of the coordinator: its buffers, its role and when it was last heard."""
+
+    def __init__(self, sock: socket.socket, now: float) -> None:
+        self.sock = sock
+        self.lines = rendezvous.LineBuffer()
+        self.out = bytearray()
+        self.role: str | None = None
+        self.member: int | None = None
+        self.heard = now
+        self.sent = now
+        self.closing = False
+
+
+class CoordinatorServer:
+    """The coordinator's sockets around :class:`rendezvous.Coordinator`, in a thread of its own.
+
+    Members and observers connect to the listening socket; the first line of each says which it
+    is (``hello``). Everything a member says goes to the state machine; what the state machine
+    returns is sent to members (one connection per member) and observers (history in their
+    ``welcome``, then every event). Heartbeats go out every HEARTBEAT_INTERVAL; a member silent
+    for HEARTBEAT_TIMEOUT is lost.
+    """
+
+    def __init__(self, sock: socket.socket, machine: rendezvous.Coordinator) -> None:
+        self.sock = sock
+        self.sock.setblocking(False)
+        self.machine = machine
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.sock, selectors.EVENT_READ, None)
+        self.conns: dict[socket.socket, _Conn] = {}
+        self.by_member: dict[int, _Conn] = {}
+        self.observers: list[_Conn] = []
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._serve, name="monarch-spmd-coordinator", daemon=True)
+        self.lock = threading.Lock()
+
+    def start(self) -> None:
+        with self.lock:
+            self._apply(self.machine.start())
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Sends what is pending (a last ``fail`` or ``finish``), then closes every connection."""
+        self.stopped.set()
+        self.thread.join(5)
+        deadline = time.monotonic() + 2.0
+        for conn in list(self.conns.values()):
+            conn.sock.setblocking(True)
+            conn.sock.settimeout(max(0.1, deadline - time.monotonic()))
+            try:
+                if conn.out:
+                    conn.sock.sendall(bytes(conn.out))
+            except OSError:
+                pass
+            conn.sock.close()
+        self.sock.close()
+        self.selector.close()
+
+    # --- the loop --------------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        last_beat = time.monotonic()
+        while not self.stopped.is_set():
+            for key, events in self.selector.select(0.1):
+                if key.fileobj is self.sock:
+                    self._accept()
+                    continue
+                conn = self.conns.get(key.fileobj)  # type: ignore[call-overload]
+                if conn is None:
+                    continue
+                if events & selectors.EVENT_READ:
+                    self._read(conn)
+                if events & selectors.EVENT_WRITE and conn.sock in self.conns:
+                    self._flush(conn)
+            now = time.monotonic()
+            with self.lock:
+                self._apply(self.machine.tick(now))
+                if now - last_beat >= rendezvous.HEARTBEAT_INTERVAL:
+                    last_beat = now
+                    beat = rendezvous.encode({"type": rendezvous.HEARTBEAT})
+                    for conn in list(self.conns.values()):
+                        if conn.role == rendezvous.ROLE_MEMBER:
+                            self._send(conn, beat)
+                            if now - conn.heard > rendezvous.HEARTBEAT_TIMEOUT:
+                                self._lost(conn, rendezvous.LOST_HEARTBEAT)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.conns[sock] = _Conn(sock, time.monotonic())
+            self.selector.register(sock, selectors.EVENT_READ, None)
+
+    def _read(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._lost(conn, rendezvous.LOST_DISCONNECTED)
+            return
+        conn.heard = time.monotonic()
+        try:
+            messages = conn.lines.feed(data)
+        except rendezvous.ProtocolError as e:
+            self._refuse(conn, str(e))
+            return
+        with self.lock:
+            for message in messages:
+                if conn.sock not in self.conns:
+                    return
+                self._handle(conn, message)
+
+    def _handle(self, conn: _Conn, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        now = time.monotonic()
+        m = self.machine
+        if conn.role is None:
+            if kind != rendezvous.HELLO:
+                self._refuse(conn, f"the first message must be hello, not {kind}")
+                return
+            versions = message.get("versions") or [message.get("v", rendezvous.VERSION)]
+            if rendezvous.VERSION not in versions:
+                self._refuse(conn, f"protocol versions {versions} are not spoken here")
+                return
+            role = message.get("role")
+            if role == rendezvous.ROLE_OBSERVER:
+                conn.role = role
+                self.observers.append(conn)
+                self._send(conn, rendezvous.encode(m.observer_welcome()))
+                return
+            member = message.get("member")
+            if role != rendezvous.ROLE_MEMBER or not isinstance(member, int) or not 0 <= member < m.members:
+                self._refuse(conn, f"a hello must name role observer, or role member with a member id in "
+                                   f"0..{m.members - 1}; got role {role!r}, member {member!r}")
+                return
+            old = self.by_member.get(member)
+            conn.role, conn.member = role, member
+            self.by_member[member] = conn
+            outs = m.hello(member, str(message.get("incarnation", "")), now,
+                           disruptions=int(message.get("disruptions") or 0), node=str(message.get("node") or ""))
+            for out in outs:
+                if out.drop:
+                    if old is not None and old is not conn:
+                        self._send(old, rendezvous.encode(out.message))
+                        old.closing = True
+                        self._flush(old)
+                        self._close(old)
+                    continue
+                self._apply([out])
+            return
+        member = conn.member
+        if conn.role != rendezvous.ROLE_MEMBER or member is None:
+            return  # an observer says nothing after hello
+        r = message.get("round")
+        if kind == rendezvous.JOIN:
+            self._apply(m.join(member, int(r), now))
+        elif kind == rendezvous.RUNNING:
+            self._apply(m.running(member, int(r), list(message.get("procs") or []), now))
+        elif kind == rendezvous.FAILURE:
+            self._apply(m.failure(member, int(r), message, now))
+        elif kind == rendezvous.EXITED:
+            self._apply(m.exited(member, int(r), list(message.get("procs") or []), now))
+        elif kind == rendezvous.LEAVE:
+            self._lost(conn, rendezvous.LOST_LEFT)
+        elif kind == rendezvous.HEARTBEAT:
+            idle = message.get("idle")
+            self._apply(m.heartbeat(member, now, idle=idle if isinstance(idle, (int, float)) else None,
+                                    rank=message.get("rank"), line=str(message.get("line") or "")))
+
+    def _apply(self, outs: Sequence[rendezvous.Out]) -> None:
+        for out in outs:
+            data = rendezvous.encode(out.message)
+            if out.to == rendezvous.OBSERVERS:
+                for conn in list(self.observers):
+                    self._send(conn, data)
+            elif out.to == rendezvous.ALL:
+                for conn in list(self.by_member.values()):
+                    self._send(conn, data)
+            else:
+                conn = self.by_member.get(int(out.to))
+                if conn is not None:
+                    self._send(conn, data)
+
+    def _send(self, conn: _Conn, data: bytes) -> None:
+        if conn.sock not in self.conns:
+            return
+        conn.out += data
+        conn.sent = time.monotonic()
+        self._flush(conn)
+
+    def _flush(self, conn: _Conn) -> None:
+        if conn.sock not in self.conns:
+            return
+        while conn.out:
+            try:
+                n = conn.sock.send(conn.out)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                conn.out.clear()
+                self._lost(conn, rendezvous.LOST_DISCONNECTED)
+                return
+            del conn.out[:n]
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out else 0)
+        try:
+            self.selector.modify(conn.sock, events, None)
+        except (KeyError, ValueError):
+            pass
+
+    def _refuse(self, conn: _Conn, reason: str) -> None:
+        self._send(conn, rendezvous.encode({"type": rendezvous.REFUSED, "reason": reason,
+                                            "versions": list(rendezvous.VERSIONS)}))
+        self._close(conn)
+
+    def _lost(self, conn: _Conn, reason: str) -> None:
+        member = conn.member
+        self._close(conn)
+        if member is not None and self.by_member.get(member) is conn:
+            del self.by_member[member]
+            with_lock = self.lock.acquire(blocking=False)
+            try:
+                self._apply(self.machine.lost(member, reason, time.monotonic()))
+            finally:
+                if with_lock:
+                    self.lock.release()
+
+    def _close(self, conn: _Conn) -> None:
+        if conn.sock not in self.conns:
+            return
+        del self.conns[conn.sock]
+        if conn in self.observers:
+            self.observers.remove(conn)
+        try:
+            self.selector.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        if conn.out:
+            try:
+                conn.sock.setblocking(True)
+                conn.sock.settimeout(1.0)
+                conn.sock.sendall(bytes(conn.out))
+            except OSError:
+                pass
+        conn.sock.close()
+        if conn.member is not None and self.by_member.get(conn.member) is conn:
+            pass
+
+
+# --- the member's side -------------------------------------------------------------------------------
+
+
+class Link:
+    """A member's connection to the coordinator: lines in through the agent's selector, lines out
+    with a bounded blocking send."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.lines = rendezvous.LineBuffer()
+        self.inbox: list[dict[str, Any]] = []
+        self.closed = False
+        self.heard = time.monotonic()
+        self.sent = time.monotonic()
+
+    @classmethod
+    def connect(cls, addr: str, port: int, deadline: float, should_stop: Callable[[], bool]) -> Link:
+        """Connects, retrying refused connections and names that do not resolve yet, until
+        ``deadline`` (monotonic).
+
+        Raises:
+            TimeoutError: naming the address and the last error.
+            InterruptedError: when ``should_stop`` says so.
+        """
+        last = "no attempt"
+        while True:
+            if should_stop():
+                raise InterruptedError("stopped while connecting to the coordinator")
+            try:
+                sock = socket.create_connection((addr, port), timeout=min(5.0, max(0.5, deadline - time.monotonic())))
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.settimeout(rendezvous.HEARTBEAT_TIMEOUT)
+                return cls(sock)
+            except OSError as e:
+                last = str(e)
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"the coordinator at {addr}:{port} was not reachable; last error: {last}")
+            time.sleep(0.1)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def send(self, message: Mapping[str, Any]) -> bool:
+        if self.closed:
+            return False
+        try:
+            self.sock.sendall(rendezvous.encode(message))
+            self.sent = time.monotonic()
+            return True
+        except OSError:
+            self.close()
+            return False
+
+    def readable(self) -> None:
+        """Reads what arrived (called when the selector says the socket is readable)."""
+        if self.closed:
+            return
+        try:
+            data = self.sock.recv(65536, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.close()
+            return
+        self.heard = time.monotonic()
+        try:
+            self.inbox.extend(m for m in self.lines.feed(data) if m["type"] != rendezvous.HEARTBEAT)
+        except rendezvous.ProtocolError:
+            self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            try:
+                self.sock.close()
+            except OSError:
+                pass
+
+
+def oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer ended in this cgroup (v2 ``memory.events``, v1
+    ``memory.oom_control``), or None where it cannot be read."""
+    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+        try:
+            with open(path, encoding="ascii") as f:
+                for line in f:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _error_file_message(path: str | None) -> str | None:
+    """The message torch's ``@record`` wrote to TORCHELASTIC_ERROR_FILE, if any."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    message = data.get("message") if isinstance(data, dict) else None
+    if isinstance(message, dict):
+        message = message.get("message")
+    return str(message).strip() or None if message else None
+
+
+def _parent_death_hook(signum: int) -> Callable[[], None] | None:
+    """A pre-exec hook: the child gets ``signum`` when this process dies (Linux), and exits at
+    once if this process is already gone by then. The C library is loaded here, in the parent:
+    the hook runs between fork and exec and must not import anything."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def hook() -> None:
+        prctl(1, int(signum), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os._exit(128 + int(signum))
+
+    return hook
+
+
+def parent_death_hook(signum: int = signal.SIGKILL) -> Callable[[], None] | None:
+    """See :func:`_parent_death_hook`."""
+    return _parent_death_hook(signum)
+
+
+def failure_line(rank: int, local: int | None, code: int, restart: int, outcome: str) -> str:
+    """The last line of a failed agent's log and termination message, the same in every pod of
+    the gang (docs/restart-in-place.md); the operator reads the rank and the restart from it."""
+    who = f"rank {rank} exited with code {code}"
+    if local is not None:
+        who += f" (local rank {local})"
+    return f"{_PREFIX}: {who} in restart {restart}; {outcome}"
+
+
+@dataclass
+class _Verdict:
+    code: int
+    line: str | None = None
+    tail: Sequence[str] = ()
+    say: bool = True  # also the log's last line (else only the termination message)
+
+
+class Agent:
+    """Runs rounds of this pod's processes as the coordinator says (see the module docstring).
+
+    Args:
+        settings: see :class:`Settings`.
+        command: the training command (``[python, ...]``).
+        env_for: the whole environment of process ``local`` in round ``r``: ``env_for(r, local)``
+            (torchrun's variables with TORCHELASTIC_RESTART_COUNT = r, over the pod's env).
+        out: where the processes' output and the agent's own lines go.
+    """
+
+    def __init__(self, settings: Settings, command: Sequence[str],
+                 env_for: Callable[[int, int], dict[str, str]], out: gang.Prefixer) -> None:
+        self.s = settings
+        self.command = list(command)
+        self.env_for = env_for
+        self.out = out
+        self.selector = selectors.DefaultSelector()
+        self.link: Link | None = None
+        self.server: CoordinatorServer | None = None
+        self.group: gang.Gang | None = None
+        self.round = settings.first_round
+        self.received: list[int] = []
+        self.parent = os.getppid()
+        self.incarnation = uuid.uuid4().hex
+        self.watchdog: timer.FileTimerServer | None = None
+        self.run_dir: str | None = None
+        self.failure_sent = False
+        self.exited_sent = False
+        self.stop_asked = False
+        self.oom_base: int | None = None
+        self.last_reported = -1.0
+
+    # --- output ----------------------------------------------------------------------------------
+
+    def say(self, message: str) -> None:
+        self.out.line(2, f"{_PREFIX}: {message}")
+
+    def ranks(self) -> str:
+        first = self.s.first_rank
+        return f"rank {first}" if self.s.procs == 1 else f"ranks {first}..{first + self.s.procs - 1}"
+
+    # --- signals ---------------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.received.append(signum)
+        orphaned = os.getppid() != self.parent
+        if self.group is not None:
+            # In a pod the kubelet decides when it is enough; a worker whose runner is gone
+            # (the parent-death signal) ends its processes itself, after the grace period.
+            self.group.grace = self.s.grace if orphaned else 1e9
+            self.group.stop(signum)
+
+    # --- the run ---------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Runs until the job ends for this agent; returns the exit code."""
+        previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
+        try:
+            return self._run()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            self._cleanup()
+
+    def _run(self) -> int:
+        if self.s.watchdog:
+            try:
+                self.watchdog = timer.FileTimerServer(self.s.timer_file)
+            except OSError as e:
+                self.say(f"cannot serve the watchdog's pipe {self.s.timer_file}: {e}; the watchdog is off")
+            else:
+                self.selector.register(self.watchdog.fileno(), selectors.EVENT_READ, self.watchdog.read)
+        if self.s.log_dir is not None or self.s.redirects or self.s.tee:
+            base = self.s.log_dir or tempfile.mkdtemp(prefix="torchelastic_")
+            os.makedirs(base, exist_ok=True)
+            self.run_dir = tempfile.mkdtemp(prefix=f"{self.s.run_id}_", dir=base)
+            self.say(f"log directory set to: {self.run_dir}")
+        if self.s.coordinator is None:
+            return self._run_alone()
+        addr, port = self.s.coordinator
+        if self.s.member == 0:
+            try:
+                sock = listen(addr, port, self.s.bind_any)
+            except OSError as e:
+                return self._give_up(f"cannot listen on the agent port {port} (MONARCH_SPMD_AGENT_PORT): {e}",
+                                     rendezvous.REASON_COORDINATOR_UNREACHABLE)
+            machine = rendezvous.Coordinator(self.s.members, self.s.first_round, self.s.policy, time.monotonic(),
+                                             world_size=self.s.world_size, run_id=self.s.run_id, wall=time.time)
+            self.server = CoordinatorServer(sock, machine)
+            self.server.start()
+            if self.s.bind_any:
+                addr = "127.0.0.1"  # its own coordinator, over loopback
+        try:
+            self.link = Link.connect(addr, port, time.monotonic() + self.s.connect_timeout, lambda: bool(self.received))
+        except InterruptedError:
+            return 128 + self.received[0]
+        except TimeoutError as e:
+            return self._give_up(f"{e} within {self.s.connect_timeout:g}s", rendezvous.REASON_COORDINATOR_UNREACHABLE)
+        self.selector.register(self.link.fileno(), selectors.EVENT_READ, self.link.readable)
+        self.link.send({"type": rendezvous.HELLO, "v": rendezvous.VERSION, "versions": list(rendezvous.VERSIONS),
+                        "role": rendezvous.ROLE_MEMBER, "member": self.s.member, "incarnation": self.incarnation,
+                        "round": self.s.first_round, "disruptions": self.s.policy.disruptions,
+                        "node": self.s.node, "pid": os.getpid(), "procs": self.s.procs,
+                        "first_rank": self.s.first_rank})
+        return self._serve()
+
+    def _run_alone(self) -> int:
+        """No coordinator: one round, then this agent's own verdict (the operator recreates)."""
+        self._start_round(self.round)
+        while self._step():
+            pass
+        group = self._end_round()
+        if self.received:
+            return self._signal_exit(group)
+        failed = group.first_failure
+        if failed is None:
+            return 0
+        code = failed.code or 1
+        if self.s.procs == 1:
+            return code  # the pod's log and exit code say it all, as before
+        line = self._failure_line(failed.member.rank, failed.member.local_rank, code,
+                                  "stopped the other local ranks")
+        return self._exit(_Verdict(code, line, list(failed.tail)))
+
+    def _serve(self) -> int:
+        link = self.link
+        assert link is not None
+        state = "hello"
+        while True:
+            if self.received and not self.stop_asked:
+                self.stop_asked = True
+                link.send({"type": rendezvous.LEAVE, "round": self.round, "signal": self.received[0]})
+            group = self.group
+            if group is not None and not group.finished:
+                if not self._step():
+                    self._end_round()
+                    if self.received:
+                        return self._signal_exit(group)
+                    self._send_exited()
+                    if state == "stopping":
+                        state = "joining"
+                        self.round += 1
+                        link.send({"type": rendezvous.JOIN, "round": self.round})
+                    else:
+                        state = "waiting"
+            else:
+                if self.received:
+                    return 128 + self.received[0]
+                self._select(TICK)
+            self._heartbeat()
+            messages, link.inbox = link.inbox, []
+            for message in messages:
+                kind, r = message["type"], message.get("round")
+                if kind == rendezvous.WELCOME and state == "hello":
+                    self.round = int(r)
+                    if self.round != self.s.first_round:
+                        self.say(f"joining the gang at restart {self.round}")
+                    state = "joining"
+                    link.send({"type": rendezvous.JOIN, "round": self.round})
+                elif kind == rendezvous.REFUSED:
+                    return self._give_up(f"the coordinator refused this agent: {message.get('reason')}",
+                                         rendezvous.REASON_COORDINATOR_LOST)
+                elif kind == rendezvous.GO and state == "joining" and r == self.round:
+                    state = "running"
+                    self._start_round(self.round)
+                elif kind == rendezvous.STOP and r == self.round:
+                    if state == "running" and self.group is not None and not self.group.finished:
+                        state = "stopping"
+                        self.group.stop()
+                    elif state in ("running", "waiting"):
+                        state = "joining"
+                        self.round += 1
+                        link.send({"type": rendezvous.JOIN, "round": self.round})
+                elif kind == rendezvous.FINISH:
+                    self._stop_and_wait()
+                    return 0
+                elif kind == rendezvous.FAIL:
+                    self._stop_and_wait()
+                    return self._exit(self._verdict(message))
+            if link.closed or time.monotonic() - link.heard > rendezvous.HEARTBEAT_TIMEOUT:
+                group = self.group
+                if self.received:
+                    if group is not None and not group.finished:
+                        self._stop_and_wait()
+                        return self._signal_exit(group)
+                    return 128 + self.received[0]
+                if state == "waiting" and self._all_succeeded():
+                    return 0
+                self._stop_and_wait()
+                where = f"{self.s.coordinator[0]}:{self.s.coordinator[1]}" if self.s.coordinator else "?"
+                return self._give_up(f"lost the coordinator at {where} (the rank-0 pod's agent); the gang must be "
+                                     "recreated", rendezvous.REASON_COORDINATOR_LOST)
+
+    # --- one round -------------------------------------------------------------------------------
+
+    def _start_round(self, r: int) -> None:
+        self.failure_sent = self.exited_sent = False
+        attempt_dir = None
+        if self.run_dir is not None:
+            attempt_dir = os.path.join(self.run_dir, f"attempt_{r}")
+            shutil.rmtree(attempt_dir, ignore_errors=True)
+            os.makedirs(attempt_dir)
+        members = []
+        for local in range(self.s.procs):
+            env = self.env_for(r, local)
+            logs = None
+            if attempt_dir is not None:
+                logs = gang.log_files(attempt_dir, local, self.s.redirects, self.s.tee)
+                env["TORCHELASTIC_ERROR_FILE"] = logs.error_file or ""
+            if self.watchdog is not None:
+                env[timer.FILE_VAR] = self.watchdog.path
+            members.append(gang.Member(rank=self.s.first_rank + local, command=self.command, env=env,
+                                       prefix=self.s.prefix, local_rank=int(env.get("LOCAL_RANK", local)),
+                                       logs=logs))
+        if r != self.s.first_round:
+            self.say(f"restart {r}: starting {self.ranks()} again (TORCHELASTIC_RESTART_COUNT={r})")
+        self.oom_base = oom_kills()
+        self.group = gang.Gang(members, self.out, self.s.grace, on_failure=self._on_failure,
+                               preexec=parent_death_hook(signal.SIGKILL), selector=self.selector)
+        self.group.start()
+        if self.link is not None:
+            self.link.send({"type": rendezvous.RUNNING, "round": r,
+                            "procs": [{"rank": p.member.rank, "local_rank": p.member.local_rank, "pid": p.pid}
+                                      for p in self.group.procs]})
+
+    def _step(self) -> bool:
+        assert self.group is not None
+        alive = self.group.step(TICK)
+        now = time.monotonic()
+        if self.watchdog is not None:
+            self._check_timers()
+        if self.s.progress_timeout > 0 and not self.group.stop_deadline:
+            for proc in self.group.running():
+                idle = now - proc.last_output
+                if idle >= self.s.progress_timeout and proc.reason is None:
+                    last = proc.last_line or "(no output)"
+                    self.group.kill(proc, rendezvous.REASON_NO_PROGRESS,
+                                    f"rank {proc.member.rank} wrote nothing for {idle:.0f}s (progress timeout "
+                                    f"{self.s.progress_timeout:g}s); last line: {last}")
+        return alive
+
+    def _select(self, timeout: float) -> None:
+        if not self.selector.get_map():
+            time.sleep(timeout)
+            return
+        try:
+            for key, _ in self.selector.select(timeout):
+                if callable(key.data):
+                    key.data()
+        except InterruptedError:
+            pass
+
+    def _check_timers(self) -> None:
+        assert self.watchdog is not None and self.group is not None
+        by_pid = {p.pid: p for p in self.group.running()}
+        for request in self.watchdog.timers.expired(time.time()):
+            proc = by_pid.get(request.pid)
+            if proc is None:
+                try:
+                    proc = by_pid.get(os.getpgid(request.pid))
+                except OSError:
+                    proc = None
+            self.watchdog.timers.clear([request.pid])
+            if proc is None:
+                continue  # not a process of this agent's round
+            try:
+                os.kill(request.pid, request.signal)
+            except OSError:
+                pass
+            name = gang.signal_name(-request.signal) or str(request.signal)
+            message = (f"watchdog timer {request.scope_id!r} of rank {proc.member.rank} (pid {request.pid}) expired; "
+                       f"killed with {name}")
+            if request.pid == proc.pid:
+                proc.reason, proc.message = rendezvous.REASON_WATCHDOG, message
+            else:
+                self.group.kill(proc, rendezvous.REASON_WATCHDOG, message)
+
+    def _on_failure(self, proc: gang.Proc) -> None:
+        """The first process of the round to fail: report it at once (the gang stops the others)."""
+        if self.received:
+            return
+        if self.s.procs > 1 and self.link is not None:  # alone, the last line says it
+            self.say(f"rank {proc.member.rank} (local rank {proc.member.local_rank}) "
+                     f"{self._how(proc)}; stopping the other local ranks")
+        if self.link is not None and not self.failure_sent:
+            self.failure_sent = True
+            self.link.send({"type": rendezvous.FAILURE, "round": self.round, **self._failure_info(proc)})
+
+    def _how(self, proc: gang.Proc) -> str:
+        name = gang.signal_name(proc.returncode)
+        what = f"was killed by {name} (exit code {proc.code})" if name else f"exited with code {proc.code}"
+        if proc.reason in (rendezvous.REASON_WATCHDOG, rendezvous.REASON_NO_PROGRESS):
+            what += f": {proc.reason}"
+        return what
+
+    def _failure_info(self, proc: gang.Proc) -> dict[str, Any]:
+        reason = proc.reason
+        if reason is None and proc.returncode == -signal.SIGKILL and self.oom_base is not None:
+            now = oom_kills()
+            if now is not None and now > self.oom_base:
+                reason = rendezvous.REASON_OOM
+        if reason is None:
+            reason = rendezvous.REASON_SIGNAL if (proc.returncode or 0) < 0 else rendezvous.REASON_ERROR
+        message = proc.message or _error_file_message(proc.member.logs.error_file if proc.member.logs else None)
+        if not message:
+            message = f"rank {proc.member.rank} {self._how(proc)}"
+        return {**proc.row(), "reason": reason, "message": message, "tail": list(proc.tail),
+                "at": proc.exited_at or time.time()}
+
+    def _end_round(self) -> gang.Gang:
+        group = self.group
+        assert group is not None
+        group.finish()
+        if self.watchdog is not None:
+            self.watchdog.timers.clear(group.pids)
+        return group
+
+    def _send_exited(self) -> None:
+        assert self.group is not None and self.link is not None
+        if self.exited_sent:
+            return
+        self.exited_sent = True
+        rows = []
+        for p in self.group.procs:
+            row = p.row()
+            if p.reason:
+                row["reason"] = p.reason
+            rows.append(row)
+        self.link.send({"type": rendezvous.EXITED, "round": self.round, "procs": rows})
+
+    def _all_succeeded(self) -> bool:
+        return self.group is not None and all(p.code == 0 for p in self.group.procs)
+
+    def _stop_and_wait(self) -> None:
+        """Stops the round's processes (unless a signal already did) and waits until they are gone."""
+        if self.group is None or self.group.finished:
+            return
+        if not self.received:
+            self.group.stop()
+        while self._step():
+            pass
+        self._end_round()
+
+    def _heartbeat(self) -> None:
+        link = self.link
+        if link is None or time.monotonic() - link.sent < rendezvous.HEARTBEAT_INTERVAL:
+            return
+        beat: dict[str, Any] = {"type": rendezvous.HEARTBEAT}
+        if self.group is not None and not self.group.finished:
+            running = self.group.running()
+            if running:
+                now = time.monotonic()
+                stalest = min(running, key=lambda p: p.last_output)
+                beat.update(idle=round(now - stalest.last_output, 3), rank=stalest.member.rank,
+                            line=stalest.last_line[-200:])
+        link.send(beat)
+
+    # --- endings ---------------------------------------------------------------------------------
+
+    def _signal_exit(self, group: gang.Gang) -> int:
+        """The exit code after a signal stopped the round: the first process's non-zero code (what
+        it made of the signal), 128+N when they had to be killed, else 0."""
+        codes = [p.code for p in group.procs if p.code]
+        if codes:
+            return codes[0]
+        return 128 + self.received[0] if group.killed else 0
+
+    def _failure_line(self, rank: int, local: int | None, code: int, outcome: str) -> str:
+        return failure_line(rank, local if self.s.procs > 1 else None, code, self.round, outcome)
+
+    def _verdict(self, fail: Mapping[str, Any]) -> _Verdict:
+        code = int(fail.get("exit_code") or EX_TEMPFAIL)
+        reason = fail.get("reason") or rendezvous.REASON_ERROR
+        if fail.get("fallback"):
+            outcome = f"the gang must be recreated: {reason}"
+            if fail.get("message"):
+                outcome += f" ({fail['message']})"
+        elif fail.get("permanent"):
+            outcome = f"job failed: not retryable ({reason})"
+        elif fail.get("exhausted") and not fail.get("max_restarts"):
+            outcome = "job failed: no restarts allowed (maxRestarts 0)"
+        elif fail.get("exhausted"):
+            outcome = f"job failed: restarts used up ({fail.get('counted')} of {fail.get('max_restarts')})"
+        else:
+            outcome = f"job failed ({reason})"
+        rank = fail.get("rank")
+        self.round = int(fail.get("round", self.round))
+        if rank is None:
+            return _Verdict(code, f"{_PREFIX}: {outcome}", list(fail.get("tail") or []), say=self.s.member == 0)
+        line = self._failure_line(int(rank), fail.get("local_rank"), int(fail.get("exit_code") or code), outcome)
+        # Every pod's termination message names the root cause; its log says it only where it happened.
+        mine = fail.get("member") == self.s.member
+        return _Verdict(code, line, list(fail.get("tail") or []), say=mine)
+
+    def _give_up(self, message: str, reason: str) -> int:
+        return self._exit(_Verdict(EX_TEMPFAIL, f"{_PREFIX}: {message} ({reason}); the gang must be recreated"))
+
+    def _exit(self, verdict: _Verdict) -> int:
+        if verdict.line:
+            if verdict.say:
+                self.out.line(2, verdict.line)
+            text = "\n".join([*verdict.tail, verdict.line]) + "\n"
+            data = text.encode("utf-8", "replace")[-TERMINATION_LIMIT:]
+            if os.path.exists(TERMINATION_LOG):  # the kubelet's file, in a pod only
+                try:
+                    with open(TERMINATION_LOG, "wb") as f:
+                        f.write(data)
+                except OSError:
+                    pass  # not writable: the log's last line says it
+        return verdict.code
+
+    def _cleanup(self) -> None:
+        if self.group is not None and not self.group.finished:
+            self.group.stop()
+            self.group.grace = min(self.group.grace, self.s.grace)
+            self.group.finish()
+        if self.link is not None:
+            self.link.close()
+        if self.server is not None:
+            self.server.stop()
+        if self.watchdog is not None:
+            self.watchdog.close()
+
+
+# --- observing ------------------------------------------------------------------------------------
+
+
+class Observer:
+    """An observer of a coordinator (the local runner's; the operator speaks the same protocol):
+    a thread that connects, reads ``welcome`` and every event, and hands them to ``on_message``.
+
+    Args:
+        addr, port: the coordinator.
+        on_message: called (in the observer's thread) with each message.
+        retry_until: keep trying to connect until this monotonic time.
+    """
+
+    def __init__(self, addr: str, port: int, on_message: Callable[[dict[str, Any]], None],
+                 retry_until: float) -> None:
+        self.addr, self.port = addr, port
+        self.on_message = on_message
+        self.retry_until = retry_until
+        self.stopped = threading.Event()
+        self.connected = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="monarch-spmd-observer", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(5)
+
+    def _run(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                sock = socket.create_connection((self.addr, self.port), timeout=1.0)
+            except OSError:
+                if time.monotonic() >= self.retry_until:
+                    return
+                self.stopped.wait(0.05)
+                continue
+            try:
+                self._read(sock)
+            finally:
+                sock.close()
+            return
+
+    def _read(self, sock: socket.socket) -> None:
+        sock.settimeout(0.2)
+        sock.sendall(rendezvous.encode({"type": rendezvous.HELLO, "role": rendezvous.ROLE_OBSERVER,
+                                        "versions": list(rendezvous.VERSIONS)}))
+        self.connected.set()
+        lines = rendezvous.LineBuffer()
+        while not self.stopped.is_set():
+            try:
+                data = sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            for message in lines.feed(data):
+                self.on_message(message)

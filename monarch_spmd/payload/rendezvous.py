@@ -1,0 +1,577 @@
+"""The restart-in-place protocol: its messages, the back-off rule and the coordinator's state machine.
+
+Where it sits: in the payload (standard library only, shipped into pods), above :mod:`.failures`
+and below :mod:`.agent`, which owns the sockets and the processes and feeds this module's
+:class:`Coordinator` what it receives. Nothing here does I/O or reads a clock: every method takes
+``now`` (a monotonic time) and returns what to send, so the whole protocol is unit-tested from
+tables (tests/unit/test_rendezvous.py). docs/restart-in-place.md is the protocol's reference: the
+rounds, the barrier, the failure cases and the observer events, field by field.
+
+In short: member m (one agent, one pod) says ``hello``, then ``join`` for round r once every
+process of its earlier rounds is gone; the coordinator sends ``go`` r when every member has
+joined r and the round's back-off has passed. A ``failure`` makes the coordinator send ``stop``
+r to all; each member stops its processes, reports ``exited`` and joins r+1; once every live
+member has, the coordinator judges the root cause (the earliest failure of r) and sends either
+nothing more (round r+1 is open: ``go`` follows) or ``fail``. When every member's processes
+exited 0, ``finish``. Observers get ``welcome`` (state and history) and then every event.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from . import failures
+from .names import EX_TEMPFAIL
+
+#: The protocol's version: fields and event types may be added within it, never changed.
+VERSION: Final = 1
+VERSIONS: Final = (VERSION,)
+#: The longest line either side accepts.
+MAX_LINE: Final = 1 << 20
+
+# --- message types ------------------------------------------------------------------------------
+HELLO: Final = "hello"
+WELCOME: Final = "welcome"
+REFUSED: Final = "refused"
+JOIN: Final = "join"
+GO: Final = "go"
+RUNNING: Final = "running"
+FAILURE: Final = "failure"
+EXITED: Final = "exited"
+STOP: Final = "stop"
+FINISH: Final = "finish"
+FAIL: Final = "fail"
+LEAVE: Final = "leave"
+HEARTBEAT: Final = "hb"
+
+ROLE_MEMBER: Final = "member"
+ROLE_OBSERVER: Final = "observer"
+
+# --- observer events (docs/restart-in-place.md, "The observer protocol") --------------------------
+EV_ROUND: Final = "round"
+EV_JOINED: Final = "joined"
+EV_STARTED: Final = "started"
+EV_RUNNING: Final = "running"
+EV_ALL_RUNNING: Final = "all_running"
+EV_FAILURE: Final = "failure"
+EV_LOST: Final = "lost"
+EV_EXITED: Final = "exited"
+EV_RESTART: Final = "restart"
+EV_PROGRESS: Final = "progress"
+EV_SUCCEEDED: Final = "succeeded"
+EV_FAILED: Final = "failed"
+#: Events kept in the history a (re)connecting observer receives.
+HISTORY_EVENTS: Final = frozenset({EV_ROUND, EV_STARTED, EV_ALL_RUNNING, EV_FAILURE, EV_LOST, EV_RESTART,
+                                   EV_SUCCEEDED, EV_FAILED})
+HISTORY_LIMIT: Final = 5000
+
+# --- phases -------------------------------------------------------------------------------------
+JOINING: Final = "joining"
+RUNNING_PHASE: Final = "running"
+STOPPING: Final = "stopping"
+FINISHED: Final = "finished"
+FAILED: Final = "failed"
+
+# --- reasons ------------------------------------------------------------------------------------
+REASON_ERROR: Final = "Error"
+REASON_SIGNAL: Final = "Signal"
+REASON_OOM: Final = "OOMKilled"
+REASON_WATCHDOG: Final = "WatchdogTimeout"
+REASON_NO_PROGRESS: Final = "NoProgress"
+REASON_MEMBER_LOST: Final = "MemberLost"
+REASON_ROUND_TIMEOUT: Final = "RoundTimeout"
+REASON_REPEATED: Final = "RepeatedFailure"
+REASON_COORDINATOR_LOST: Final = "CoordinatorLost"
+REASON_COORDINATOR_UNREACHABLE: Final = "CoordinatorUnreachable"
+#: Why a member is lost (the ``reason`` of a ``lost`` event).
+LOST_LEFT: Final = "Left"
+LOST_DISCONNECTED: Final = "Disconnected"
+LOST_HEARTBEAT: Final = "HeartbeatTimeout"
+LOST_SUPERSEDED: Final = "Superseded"
+LOST_NOT_STOPPED: Final = "NotStopped"
+
+#: Seconds between heartbeats, each way; a peer silent for HEARTBEAT_TIMEOUT is lost.
+HEARTBEAT_INTERVAL: Final = 1.0
+HEARTBEAT_TIMEOUT: Final = 10.0
+#: Seconds between ``progress`` events while a round runs.
+PROGRESS_EVERY: Final = 5.0
+#: How many lines of a failed rank's output travel with its failure.
+TAIL_LINES: Final = 20
+
+# --- the defaults of the policy inputs (docs/restart-in-place.md, the inputs table) --------------
+DEFAULT_BACKOFF: Final = 10.0
+DEFAULT_MAX_BACKOFF: Final = 300.0
+DEFAULT_BACKOFF_RESET: Final = 300.0
+DEFAULT_JOIN_TIMEOUT: Final = 120.0
+DEFAULT_MEMBER_FAILURE_LIMIT: Final = 3
+
+
+class ProtocolError(ValueError):
+    """A line that is not a protocol message (not JSON, no type, too long)."""
+
+
+def encode(message: Mapping[str, Any]) -> bytes:
+    """One message as its line: compact JSON and ``\\n``."""
+    return json.dumps(message, separators=(",", ":"), default=str).encode() + b"\n"
+
+
+class LineBuffer:
+    """Turns the bytes of a connection into messages, one per complete line."""
+
+    def __init__(self, limit: int = MAX_LINE) -> None:
+        self.limit = limit
+        self.partial = b""
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        """The messages completed by ``data``.
+
+        Raises:
+            ProtocolError: for a line that is not a JSON object with a string ``type``, or one
+                longer than the limit.
+        """
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        if len(self.partial) > self.limit:
+            raise ProtocolError(f"a line longer than {self.limit} bytes")
+        out = []
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                message = json.loads(line)
+            except ValueError as e:
+                raise ProtocolError(f"not JSON: {line[:80]!r} ({e})") from None
+            if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+                raise ProtocolError(f"not a message (an object with a string type): {line[:80]!r}")
+            out.append(message)
+        return out
+
+
+def backoff_seconds(consecutive: int, initial: float, maximum: float) -> float:
+    """The wait before the ``consecutive``-th restart in a row (1 = the first after a healthy
+    stretch): none for the first, then ``initial`` doubling for each further one, at most
+    ``maximum``."""
+    if consecutive <= 1 or initial <= 0:
+        return 0.0
+    return float(min(maximum, initial * 2 ** (consecutive - 2)))
+
+
+def quorum_reached(joined: Collection[int], members: int) -> bool:
+    """Whether a round may close: today every member 0..members-1 joined (elastic sizes would
+    close on at least MIN members here, without changing any message)."""
+    return all(m in joined for m in range(members))
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the coordinator decides a failure with (the worker's MONARCH_SPMD_* policy inputs).
+
+    Attributes:
+        max_restarts: restarts counted against the limit (spec.restartPolicy.maxRestarts).
+        disruptions: restarts so far that do not count (the operator's disruptions).
+        permanent_exit_codes, retryable_exit_codes, permanent_reasons: spec.restartPolicy's.
+        backoff, max_backoff, backoff_reset: the back-off rule (:func:`backoff_seconds`); a round
+            that ran ``backoff_reset`` seconds before it failed starts the count again.
+        join_timeout: seconds a round may stay open after its back-off (or members may take to
+            stop) before the gang is given up in place (RoundTimeout: exit 75, recreate).
+        member_failure_limit: restarts in place in a row caused by one member before the gang
+            is recreated instead (RepeatedFailure).
+    """
+
+    max_restarts: int = 0
+    disruptions: int = 0
+    permanent_exit_codes: tuple[int, ...] = ()
+    retryable_exit_codes: tuple[int, ...] = ()
+    permanent_reasons: tuple[str, ...] = ()
+    backoff: float = DEFAULT_BACKOFF
+    max_backoff: float = DEFAULT_MAX_BACKOFF
+    backoff_reset: float = DEFAULT_BACKOFF_RESET
+    join_timeout: float = DEFAULT_JOIN_TIMEOUT
+    member_failure_limit: int = DEFAULT_MEMBER_FAILURE_LIMIT
+
+    def is_permanent(self, exit_code: int | None, reason: str | None) -> bool:
+        return failures.is_permanent(exit_code, reason, permanent_reasons=self.permanent_reasons,
+                                     permanent_exit_codes=self.permanent_exit_codes,
+                                     retryable_exit_codes=self.retryable_exit_codes)
+
+
+#: Where an output goes: a member id, every member with a live connection, or the observers.
+ALL: Final = "all"
+OBSERVERS: Final = "observers"
+
+
+@dataclass(frozen=True)
+class Out:
+    """One thing the coordinator wants done: send ``message`` to ``to`` (a member id, ALL or
+    OBSERVERS), or with ``drop`` close member ``to``'s superseded connection."""
+
+    to: int | str
+    message: Mapping[str, Any]
+    drop: bool = False
+
+
+@dataclass
+class _Failure:
+    member: int
+    info: dict[str, Any]
+    received: int  # the order the coordinator saw it in
+
+    @property
+    def key(self) -> tuple[float, int]:
+        at = self.info.get("at")
+        return (float(at) if isinstance(at, (int, float)) else float("inf"), self.received)
+
+
+@dataclass
+class Coordinator:
+    """The coordinator's state: one gang of ``members`` agents, from round ``first_round`` on.
+
+    Feed it what the members say (:meth:`hello`, :meth:`join`, :meth:`running`, :meth:`failure`,
+    :meth:`exited`, :meth:`lost`, :meth:`heartbeat`) and call :meth:`tick` now and then; each
+    returns the :class:`Out` list to carry out, in order. ``wall`` stamps events with Unix time.
+    """
+
+    members: int
+    first_round: int
+    policy: Policy
+    now: float
+    world_size: int = 0
+    run_id: str = ""
+    wall: Callable[[], float] = field(default=lambda: 0.0)
+
+    def __post_init__(self) -> None:
+        self.round = self.first_round
+        self.phase = JOINING
+        self.disruptions = self.policy.disruptions
+        self.incarnations: dict[int, str] = {}
+        self.nodes: dict[int, str] = {}
+        self.seen: set[int] = set()
+        self.replacements: set[int] = set()
+        self.joined: set[int] = set()
+        self.next_joined: set[int] = set()
+        self.running_members: set[int] = set()
+        self.done: set[int] = set()
+        self.failures: list[_Failure] = []
+        self.received = 0
+        self.seq = 0
+        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY_LIMIT)
+        self.go_at = self.now
+        self.deadline: float | None = None  # the first round has none (see start)
+        self.stop_deadline: float | None = None
+        self.first_failure_at: float | None = None
+        self.all_running_at: float | None = None
+        self.consecutive = 0
+        self.streak_member: int | None = None
+        self.streak = 0
+        self.idle: dict[int, tuple[float, int | None, str]] = {}
+        self.last_progress_event = self.now
+        self.outcome: dict[str, Any] | None = None
+        self._cause: dict[str, Any] | None = None
+
+    # --- events -------------------------------------------------------------------------------
+
+    def _event(self, kind: str, **fields: Any) -> Out:
+        self.seq += 1
+        event = {"type": kind, "seq": self.seq, "time": self.wall(), "round": fields.pop("round", self.round), **fields}
+        if kind in HISTORY_EVENTS:
+            self.history.append(event)
+        return Out(OBSERVERS, event)
+
+    def observer_welcome(self) -> dict[str, Any]:
+        """The ``welcome`` an observer gets: the state now and the history."""
+        return {"type": WELCOME, "v": VERSION, "run_id": self.run_id, "members": self.members,
+                "world_size": self.world_size, "first_round": self.first_round, "round": self.round,
+                "phase": self.phase, "max_restarts": self.policy.max_restarts, "disruptions": self.disruptions,
+                "time": self.wall(), "seq": self.seq, "history": list(self.history)}
+
+    def start(self) -> list[Out]:
+        """The first round's ``round`` event (call once). The first round has no deadline: its
+        pods may wait for the scheduler, which the operator bounds (schedulingTimeoutSeconds)."""
+        return [self._event(EV_ROUND, restart_count=self.round, members=self.members, backoff_seconds=0.0,
+                            cause=None)]
+
+    # --- members ------------------------------------------------------------------------------
+
+    def live(self) -> set[int]:
+        return set(self.incarnations)
+
+    def hello(self, member: int, incarnation: str, now: float, *, disruptions: int = 0,
+              node: str = "") -> list[Out]:
+        """A member's agent connected (a new incarnation supersedes an older one)."""
+        self.now = now
+        out: list[Out] = []
+        if member in self.incarnations and self.incarnations[member] != incarnation:
+            out.append(Out(member, {"type": FAIL, "round": self.round, "reason": LOST_SUPERSEDED,
+                                    "exit_code": EX_TEMPFAIL, "fallback": True}, drop=True))
+            out.extend(self.lost(member, LOST_SUPERSEDED, now))
+        replacement = member in self.seen
+        if replacement:
+            self.replacements.add(member)
+        self.seen.add(member)
+        self.incarnations[member] = incarnation
+        self.nodes[member] = node
+        self.disruptions = max(self.disruptions, disruptions)
+        # The round a member joins: the open one, or the next while this one runs or stops.
+        join_round = self.round if self.phase in (JOINING, FINISHED, FAILED) else self.round + 1
+        out.append(Out(member, {"type": WELCOME, "v": VERSION, "round": join_round, "phase": self.phase,
+                                "replacement": replacement}))
+        if self.phase == FINISHED:
+            out.append(Out(member, {"type": FINISH, "round": self.round}))
+        elif self.phase == FAILED and self.outcome is not None:
+            out.append(Out(member, self.outcome))
+        return out
+
+    def join(self, member: int, round_: int, now: float) -> list[Out]:
+        """Member ``member`` has no process left and is ready for round ``round_``."""
+        self.now = now
+        if member not in self.incarnations:
+            return []
+        if self.phase == JOINING and round_ == self.round:
+            if member in self.joined:
+                return []
+            self.joined.add(member)
+            out = [self._joined(member)]
+            return out + self._maybe_go()
+        if self.phase == STOPPING and round_ == self.round + 1:
+            self.next_joined.add(member)
+            return self._maybe_decide()
+        return []
+
+    def _joined(self, member: int) -> Out:
+        replacement = member in self.replacements
+        self.replacements.discard(member)
+        return self._event(EV_JOINED, member=member, incarnation=self.incarnations[member], replacement=replacement,
+                           node=self.nodes.get(member, ""))
+
+    def running(self, member: int, round_: int, procs: list[dict[str, Any]], now: float) -> list[Out]:
+        """Member ``member`` started its processes of ``round_``."""
+        self.now = now
+        if round_ != self.round or self.phase != RUNNING_PHASE or member not in self.incarnations:
+            return []
+        self.running_members.add(member)
+        out = [self._event(EV_RUNNING, member=member, procs=procs)]
+        if self.running_members >= set(range(self.members)) and self.all_running_at is None:
+            self.all_running_at = now
+            since = None if self.first_failure_at is None else round(now - self.first_failure_at, 6)
+            out.append(self._event(EV_ALL_RUNNING, seconds_since_failure=since))
+        return out
+
+    def failure(self, member: int, round_: int, info: Mapping[str, Any], now: float) -> list[Out]:
+        """A process of member ``member`` failed in ``round_`` (info: rank, exit code, reason ...)."""
+        self.now = now
+        if round_ != self.round or self.phase not in (RUNNING_PHASE, STOPPING) or member not in self.incarnations:
+            return []
+        if any(f.member == member for f in self.failures):
+            return []  # one failure per member and round
+        return self._record_failure(member, dict(info))
+
+    def _record_failure(self, member: int, info: dict[str, Any]) -> list[Out]:
+        self.received += 1
+        self.failures.append(_Failure(member, info, self.received))
+        fields = {k: info.get(k) for k in ("rank", "local_rank", "pid", "exit_code", "returncode", "signal",
+                                           "reason", "message", "tail", "at")}
+        out = [self._event(EV_FAILURE, member=member, node=self.nodes.get(member, ""), **fields)]
+        if self.phase == RUNNING_PHASE:
+            out.extend(self._stop())
+        return out
+
+    def _stop(self) -> list[Out]:
+        self.phase = STOPPING
+        self.first_failure_at = self.now
+        self.stop_deadline = self.now + self.policy.join_timeout
+        self.next_joined = set()
+        return [Out(ALL, {"type": STOP, "round": self.round})]
+
+    def exited(self, member: int, round_: int, procs: list[dict[str, Any]], now: float) -> list[Out]:
+        """Every process of member ``member`` in ``round_`` is gone (one row per process)."""
+        self.now = now
+        if round_ != self.round or member not in self.incarnations:
+            return []
+        out = [self._event(EV_EXITED, member=member, procs=procs)]
+        if self.phase != RUNNING_PHASE:
+            return out
+        bad = [p for p in procs if p.get("exit_code") and not p.get("stopped")]
+        if bad:  # an exit the member did not report as a failure first: it is one
+            p = bad[0]
+            out.extend(self._record_failure(member, {**p, "reason": p.get("reason") or REASON_ERROR}))
+            return out
+        self.done.add(member)
+        if self.done >= set(range(self.members)):
+            self.phase = FINISHED
+            out.append(Out(ALL, {"type": FINISH, "round": self.round}))
+            out.append(self._event(EV_SUCCEEDED))
+        return out
+
+    def lost(self, member: int, reason: str, now: float) -> list[Out]:
+        """Member ``member``'s agent is gone: it left, its connection closed, or it fell silent."""
+        self.now = now
+        if member not in self.incarnations:
+            return []
+        del self.incarnations[member]
+        self.idle.pop(member, None)
+        out = [self._event(EV_LOST, member=member, reason=reason, node=self.nodes.get(member, ""))]
+        if self.phase == JOINING:
+            self.joined.discard(member)
+        elif self.phase == RUNNING_PHASE:
+            self.running_members.discard(member)
+            self.done.discard(member)
+            out.extend(self._record_failure(member, {"rank": None, "local_rank": None, "pid": None,
+                                                     "exit_code": None, "returncode": None, "signal": None,
+                                                     "reason": REASON_MEMBER_LOST,
+                                                     "message": f"member {member}'s agent is gone ({reason})",
+                                                     "tail": [], "at": None}))
+        elif self.phase == STOPPING:
+            self.next_joined.discard(member)
+            if not any(f.member == member for f in self.failures):
+                self.received += 1
+                self.failures.append(_Failure(member, {"reason": REASON_MEMBER_LOST, "exit_code": None,
+                                                       "rank": None, "at": None,
+                                                       "message": f"member {member}'s agent is gone ({reason})"},
+                                              self.received))
+            out.extend(self._maybe_decide())
+        return out
+
+    def heartbeat(self, member: int, now: float, *, idle: float | None = None, rank: int | None = None,
+                  line: str = "") -> list[Out]:
+        """A member's heartbeat: ``idle`` is the seconds since its stalest rank's last output."""
+        self.now = now
+        if idle is not None and member in self.incarnations:
+            self.idle[member] = (float(idle), rank, line)
+        return []
+
+    # --- time ---------------------------------------------------------------------------------
+
+    def tick(self, now: float) -> list[Out]:
+        """Deadlines: the back-off's end, a round that does not close, members that do not stop."""
+        self.now = now
+        out: list[Out] = []
+        if self.phase == JOINING:
+            out.extend(self._maybe_go())
+            if self.phase == JOINING and self.deadline is not None and now >= self.deadline:
+                missing = sorted(set(range(self.members)) - self.joined)
+                out.extend(self._fail(None, exit_code=EX_TEMPFAIL, reason=REASON_ROUND_TIMEOUT, fallback=True,
+                                      message=f"round {self.round} did not close within "
+                                              f"{self.policy.join_timeout:g}s: member(s) {_ranges(missing)} never joined"))
+        elif self.phase == STOPPING and self.stop_deadline is not None and now >= self.stop_deadline:
+            for member in sorted(self.live() - self.next_joined):
+                out.extend(self.lost(member, LOST_NOT_STOPPED, now))
+            if self.phase == STOPPING:
+                out.extend(self._decide())
+        elif self.phase == RUNNING_PHASE and now - self.last_progress_event >= PROGRESS_EVERY and self.idle:
+            self.last_progress_event = now
+            member, (idle, rank, line) = max(self.idle.items(), key=lambda kv: kv[1][0])
+            out.append(self._event(EV_PROGRESS, seconds_since_progress=round(idle, 3), rank=rank, line=line))
+        return out
+
+    # --- the barrier and the decision ---------------------------------------------------------
+
+    def _maybe_go(self) -> list[Out]:
+        if self.phase != JOINING or not quorum_reached(self.joined, self.members) or self.now < self.go_at:
+            return []
+        self.phase = RUNNING_PHASE
+        self.running_members = set()
+        self.done = set()
+        self.failures = []
+        self.all_running_at = None
+        self.last_progress_event = self.now
+        return [Out(ALL, {"type": GO, "round": self.round}), self._event(EV_STARTED, members=self.members)]
+
+    def _maybe_decide(self) -> list[Out]:
+        if self.phase == STOPPING and self.live() <= self.next_joined:
+            return self._decide()
+        return []
+
+    def _decide(self) -> list[Out]:
+        root = min(self.failures, key=lambda f: f.key)
+        info = root.info
+        code = info.get("exit_code")
+        reason = info.get("reason") or REASON_ERROR
+        healthy = (self.all_running_at is not None and self.first_failure_at is not None
+                   and self.first_failure_at - self.all_running_at >= self.policy.backoff_reset)
+        if healthy:
+            self.consecutive = 0
+            self.streak, self.streak_member = 0, None
+        counted = self.round - self.disruptions
+        cause = {"rank": info.get("rank"), "member": root.member, "exit_code": code, "reason": reason,
+                 "message": info.get("message"), "tail": info.get("tail") or []}
+        if reason != REASON_MEMBER_LOST:
+            if self.policy.is_permanent(code, reason):
+                return self._fail(root, exit_code=code, reason=reason, permanent=True)
+            if counted >= self.policy.max_restarts:
+                return self._fail(root, exit_code=code, reason=reason, exhausted=True)
+            self.streak = self.streak + 1 if self.streak_member == root.member else 1
+            self.streak_member = root.member
+            if self.streak >= self.policy.member_failure_limit:
+                return self._fail(root, exit_code=EX_TEMPFAIL, reason=REASON_REPEATED, fallback=True,
+                                  message=f"member {root.member} caused {self.streak} restarts in place in a row; "
+                                          f"the gang is recreated on fresh pods")
+        self.consecutive += 1
+        backoff = backoff_seconds(self.consecutive, self.policy.backoff, self.policy.max_backoff)
+        out = [self._event(EV_RESTART, next_round=self.round + 1, **cause,
+                           counted=counted + 1, max_restarts=self.policy.max_restarts, backoff_seconds=backoff)]
+        self._cause = {"round": self.round, **cause}
+        self.round += 1
+        self.phase = JOINING
+        self.joined = set(self.next_joined) & self.live()
+        self.next_joined = set()
+        self.go_at = self.now + backoff
+        self.deadline = self.go_at + self.policy.join_timeout
+        out.append(self._event(EV_ROUND, restart_count=self.round, members=self.members, backoff_seconds=backoff,
+                               cause=self._cause))
+        for member in sorted(self.joined):
+            out.append(self._joined(member))
+        return out + self._maybe_go()
+
+    def _fail(self, root: _Failure | None, *, exit_code: int | None, reason: str, permanent: bool = False,
+              exhausted: bool = False, fallback: bool = False, message: str | None = None) -> list[Out]:
+        info = root.info if root is not None else {}
+        code = exit_code if exit_code is not None else EX_TEMPFAIL
+        if code is None or not 1 <= int(code) <= 255:
+            code = EX_TEMPFAIL
+        self.phase = FAILED
+        self.outcome = {"type": FAIL, "round": self.round, "rank": info.get("rank"),
+                        "member": root.member if root is not None else None, "exit_code": code,
+                        "reason": reason, "message": message or info.get("message"), "tail": info.get("tail") or [],
+                        "local_rank": info.get("local_rank"), "permanent": permanent, "exhausted": exhausted,
+                        "fallback": fallback, "counted": self.round - self.disruptions,
+                        "max_restarts": self.policy.max_restarts}
+        event = {k: v for k, v in self.outcome.items() if k != "type"}
+        return [Out(ALL, self.outcome), self._event(EV_FAILED, **event)]
+
+
+def _ranges(values: Iterable[int]) -> str:
+    """``0..3,7`` for [0, 1, 2, 3, 7]."""
+    out: list[str] = []
+    items = sorted(values)
+    i = 0
+    while i < len(items):
+        j = i
+        while j + 1 < len(items) and items[j + 1] == items[j] + 1:
+            j += 1
+        out.append(str(items[i]) if i == j else f"{items[i]}..{items[j]}")
+        i = j + 1
+    return ",".join(out) or "none"
+
+
+def parse_codes(text: str, name: str) -> tuple[int, ...]:
+    """A comma-separated list of exit codes 1..255 (a policy input); ValueError names ``name``."""
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            code = int(part)
+        except ValueError:
+            raise ValueError(f"{name}: {part!r} is not an exit code; expected integers 1..255, comma-separated") from None
+        if not 1 <= code <= 255:
+            raise ValueError(f"{name}: {code} is out of range; expected integers 1..255, comma-separated")
+        out.append(code)
+    return tuple(dict.fromkeys(out))
+
+
+def parse_reasons(text: str) -> tuple[str, ...]:
+    """A comma-separated list of reasons (a policy input)."""
+    return tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
