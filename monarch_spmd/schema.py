@@ -60,11 +60,13 @@ class Problem(NamedTuple):
         message: what is wrong and what would be valid.
         blocking: a wrong type, a missing required field or a value outside an enum: the API
             server evaluates no CEL rule of an object with such an error.
+        policy: found by a policy rule (:attr:`Rule.policy`): the value can still be built.
     """
 
     path: str
     message: str
     blocking: bool = False
+    policy: bool = False
 
 
 def join(path: str, key: str | int) -> str:
@@ -150,11 +152,16 @@ class Rule:
         message: the CEL rule's message (the API server prints it after the field's path).
         field_path: renders as ``fieldPath``: the field, relative to the node, the API server names.
         transition: a rule over ``oldSelf``: checked only on updates.
+        policy: a rule the API server enforces on new objects although a value that breaks it can
+            still be run: typically one added in a later version. An object stored before the rule
+            existed is kept and run (see :func:`validate`'s ``policy`` problems); a rule without
+            this mark guards what the value cannot do without (types, shapes, the argv's form).
     """
 
     message: str = ""
     field_path: str | None = None
     transition: ClassVar[bool] = False
+    policy: bool = False
 
     def cel(self) -> str:
         raise NotImplementedError
@@ -175,6 +182,7 @@ class Matches(Rule):
 
     pattern: Pattern
     message: str
+    policy: bool = False
 
     def cel(self) -> str:
         return f"self.matches({self.pattern.cel()})"
@@ -400,6 +408,22 @@ class Bool(Node):
 
 
 @dataclass(frozen=True, kw_only=True)
+class AnyValue(Node):
+    """Any JSON value (``x-kubernetes-preserve-unknown-fields`` and no type): what a PodSpec field
+    the API server reads in several forms holds, e.g. a resource quantity (``2``, ``0.5``, ``"2Gi"``).
+    Its rules see ``self`` as CEL's ``dyn``; they check its type themselves."""
+
+    def type_ok(self, value: Any) -> bool:
+        return True
+
+    def describe(self) -> str:
+        return "a value"
+
+    def _openapi_flags(self) -> dict[str, Any]:
+        return {"x-kubernetes-preserve-unknown-fields": True}
+
+
+@dataclass(frozen=True, kw_only=True)
 class Arr(Node):
     """A list of ``items``: ``min_items``/``max_items``; ``list_type``/``map_keys`` for status lists."""
 
@@ -452,6 +476,7 @@ class Obj(Node):
     Attributes:
         properties: field name -> node, in the order ``kubectl explain`` lists them.
         values: for a map (``additionalProperties``): the node of every value.
+        max_properties: for a map: the most entries it may have.
         preserve_unknown: ``x-kubernetes-preserve-unknown-fields``: undeclared fields are kept
             unchecked (the declared ones are still checked).
         flatten: for the user of the table: the children's attributes belong to the parent.
@@ -459,12 +484,20 @@ class Obj(Node):
 
     properties: Mapping[str, Node] = field(default_factory=dict)
     values: Node | None = None
+    max_properties: int | None = None
     preserve_unknown: bool = False
     flatten: bool = False
     type_name: ClassVar[str] = "object"
 
     def type_ok(self, value: Any) -> bool:
         return isinstance(value, dict)
+
+    def bounds(self, value: Any) -> Iterator[Problem]:
+        if self.max_properties is not None and len(value) > self.max_properties:
+            yield Problem("", f"has {len(value)} entries; expected at most {self.max_properties}")
+
+    def _openapi_constraints(self) -> dict[str, Any]:
+        return {} if self.max_properties is None else {"maxProperties": self.max_properties}
 
     def describe(self) -> str:
         if self.values is not None:
@@ -706,12 +739,21 @@ def _check(node: Node, value: Any, path: str, optional: frozenset[str], problems
 
 def _rules(node: Node, value: Any, old: Any, path: str, problems: list[Problem],
            failed: set[tuple[str, str]] | None = None) -> None:
-    """Step 5: the CEL rules, each on its node's value, children after parents."""
+    """Step 5: the CEL rules, each on its node's value, children after parents.
+
+    On an update the API server ratchets (CRD validation ratcheting, on by default since
+    Kubernetes 1.30): a rule that does not use ``oldSelf`` is not enforced on a value that did
+    not change, so an object stored before a rule existed can still be updated elsewhere. List
+    items are compared with the old list's item at the same index.
+    """
+    unchanged = old is not MISSING and value == old
     for rule in node.rules:
         if rule.transition and old is MISSING:
             continue
+        if unchanged and not rule.transition:
+            continue
         for sub, message in rule.check(value, old):
-            problems.append(Problem(_under(path, sub), message))
+            problems.append(Problem(_under(path, sub), message, policy=rule.policy))
             if failed is not None:
                 failed.add((path, rule.cel()))
     if isinstance(node, Obj):
@@ -722,7 +764,8 @@ def _rules(node: Node, value: Any, old: Any, path: str, problems: list[Problem],
                 _rules(child, child_value, old_child, join(path, key), problems, failed)
     elif isinstance(node, Arr):
         for i, item in enumerate(value):
-            _rules(node.items, item, MISSING, join(path, i), problems, failed)
+            old_item = old[i] if isinstance(old, list) and i < len(old) else MISSING
+            _rules(node.items, item, old_item, join(path, i), problems, failed)
 
 
 def failing_rules(node: Node, value: Any, path: str = "", *, old: Any = MISSING) -> set[tuple[str, str]]:

@@ -65,11 +65,11 @@ import random
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, NamedTuple
+from typing import Any, ClassVar, Final, NamedTuple
 
-from . import schema
+from . import quantity, schema
 from .payload import contract, names, worker
-from .schema import MISSING, Arr, Bool, Int, Matches, Obj, ObjectMeta, Pattern, Rule, Str
+from .schema import MISSING, AnyValue, Arr, Bool, Int, Matches, Obj, ObjectMeta, Pattern, Rule, Str
 
 GROUP: Final = names.GROUP
 VERSION: Final = names.VERSION
@@ -130,6 +130,47 @@ MODES: Final = names.MODES
 #: wins). Every other ``MONARCH_SPMD_*`` variable belongs to the operator and is rejected.
 USER_SETTABLE_VARS: Final = names.USER_SETTABLE_VARS
 _RESERVED_PREFIX: Final = names.RESERVED_PREFIX
+#: The contract's two "unless set" rows (payload.contract.torch_elastic_env): the user's value wins.
+USER_CONTRACT_VARS: Final = frozenset({"TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS"})
+#: The torchrun variables of the environment contract, computed from the spec and the proc's mesh
+#: coordinates: a trainer container that sets one is refused (the worker would replace its value).
+CONTRACT_VARS: Final = frozenset(contract.torch_elastic_env([("procs", 2)], [0], "localhost", 1)) - USER_CONTRACT_VARS
+#: The pod's own identity, from the downward API, in every pod (Monarch mode advertises POD_IP):
+#: (variable, fieldPath). A trainer container that sets one is refused.
+DOWNWARD_ENV: Final = (
+    ("POD_NAME", "metadata.name"),
+    ("POD_NAMESPACE", "metadata.namespace"),
+    ("POD_IP", "status.podIP"),
+    ("NODE_NAME", "spec.nodeName"),
+)
+#: Every variable the trainer container may not set: the contract's and the pod's own.
+RESERVED_VARS: Final = CONTRACT_VARS | frozenset(var for var, _ in DOWNWARD_ENV)
+#: Where the spec already says what a reserved variable would: said in the refusal.
+RESERVED_VAR_HINTS: Final = {
+    "RANK": "the row-major index of the proc's coordinates in spec.mesh",
+    "WORLD_SIZE": "the product of spec.mesh's sizes",
+    "LOCAL_RANK": "the coordinate on the last mesh dimension; MONARCH_SPMD_LOCAL_RANK_SCOPE=pod makes it 0",
+    "LOCAL_WORLD_SIZE": "the last mesh dimension's size; MONARCH_SPMD_LOCAL_RANK_SCOPE=pod makes it 1",
+    "ROLE_NAME": "set MONARCH_SPMD_ROLE_NAME instead",
+    "MASTER_ADDR": "the job's headless Service",
+    "MASTER_PORT": "set spec.masterPort instead",
+    "TORCHELASTIC_MAX_RESTARTS": "set spec.restartPolicy.maxRestarts instead",
+    "TORCHELASTIC_RUN_ID": "the job's uid",
+}
+#: spec.shmSize's range: a memory-backed /dev/shm smaller than 1Mi is no use, and one larger than
+#: a node's memory cannot be backed.
+SHM_SIZE_MIN: Final = "1Mi"
+SHM_SIZE_MAX: Final = "1Ti"
+#: A container name (and so the trainer's): a DNS-1123 label, as the API server requires of pods.
+DNS_1123_LABEL: Final = Pattern("^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+MAX_CONTAINER_NAME_LENGTH: Final = 63
+#: Entries of a container's resources.limits or resources.requests (CEL needs a bound).
+MAX_RESOURCES: Final = 64
+#: Fields that shape the pods: changed only while the job is suspended (as a Job's pod template),
+#: so the pods of one gang never disagree (two MASTER_PORTs, two images). The mesh, podLayout and
+#: mode never change.
+POD_SHAPING_FIELDS: Final = ("image", "args", "python", "masterPort", "gpusPerProc", "colocate",
+                             "rendezvousTimeoutSeconds", "shmSize", "scheduling", "template")
 
 DNS_1035_LABEL: Final = Pattern("^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS_1123_SUBDOMAIN: Final = Pattern("^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -148,11 +189,14 @@ class SpecError(ValueError):
 
     Attributes:
         field: the path of the offending field, e.g. ``spec.mesh[1].size``.
+        policy: a rule's verdict that the API server gives new jobs, while a job it stored earlier
+            still runs (:attr:`monarch_spmd.schema.Rule.policy`; see :func:`parse_stored`).
     """
 
-    def __init__(self, field: str, message: str) -> None:
+    def __init__(self, field: str, message: str, *, policy: bool = False) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+        self.policy = policy
 
 
 @dataclass(frozen=True)
@@ -465,6 +509,127 @@ class TrainerEnv(Rule):
                        f"{', '.join(sorted(USER_SETTABLE_VARS))} may be overridden")
 
 
+def _cel_list(values: frozenset[str] | tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in sorted(values)) + "]"
+
+
+@dataclass(frozen=True)
+class ContractEnv(Rule):
+    """The trainer container sets no variable of the environment contract and none of the pod's own.
+
+    A policy (added with the contract's table as the list of what the operator owns): a job stored
+    before it keeps running, the worker's values winning as they always did.
+    """
+
+    message: str = _d(f"""
+        the {TRAINER_CONTAINER} container may not set the torchrun variables the operator computes
+        from the spec ({', '.join(sorted(CONTRACT_VARS))}) nor the pod's own
+        ({', '.join(v for v, _ in DOWNWARD_ENV)}): remove them (ROLE_NAME: set
+        MONARCH_SPMD_ROLE_NAME; MASTER_PORT: spec.masterPort; TORCH_NCCL_ASYNC_ERROR_HANDLING and
+        OMP_NUM_THREADS may be set)""")
+    field_path: str = ".env"
+    policy: bool = True
+
+    def cel(self) -> str:
+        return (f"{_IS_SIDECAR} || !has(self.env) || self.env.all(e, !has(e.name) || "
+                f"!(e.name in {_cel_list(RESERVED_VARS)}))")
+
+    def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
+        if not _is_trainer(value):
+            return
+        for j, var in enumerate(value.get("env", ())):
+            name = var.get("name")
+            if name in RESERVED_VARS:
+                whose = ("the pod's own (downward API)" if name not in CONTRACT_VARS
+                         else "a torchrun variable the operator computes from the spec")
+                hint = RESERVED_VAR_HINTS.get(name)
+                yield (f".env[{j}].name", f"{name} is reserved: {whose}"
+                       + (f" ({hint})" if hint else "") + "; remove it")
+
+
+@dataclass(frozen=True)
+class ResourceQuantity(Rule):
+    """A value of a container's resources.limits or resources.requests is a quantity the pod takes.
+
+    A policy: the pod would refuse anything else, but a job stored with a value this check is
+    stricter about (a string a pod takes after trimming spaces) keeps running.
+    """
+
+    message: str = ("must be a resource quantity such as 500m, 2, 1.5, 4Gi or 1e3 (a number, or digits with an "
+                    "optional suffix: n u m k M G T P E, Ki Mi Gi Ti Pi Ei, or an exponent)")
+    policy: bool = True
+
+    def cel(self) -> str:
+        return "type(self) == string ? isQuantity(self) : (type(self) == int || type(self) == double)"
+
+    def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
+        if isinstance(value, str):
+            if not quantity.is_quantity(value):
+                yield "", f"{schema.show(value)} is not valid: {self.message}"
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            yield "", f"{schema.show(value)} is not valid: {self.message}"
+
+
+@dataclass(frozen=True)
+class QuantityRange(Rule):
+    """A quantity string within ``[low, high]`` (a policy; a string that is no quantity is the pattern's)."""
+
+    low: str
+    high: str
+    what: str
+    policy: bool = True
+
+    @property
+    def message(self) -> str:  # type: ignore[override]
+        return f"must be {self.what} from {self.low} to {self.high}"
+
+    def cel(self) -> str:
+        return (f"!isQuantity(self) || (quantity(self).compareTo(quantity('{self.low}')) >= 0 && "
+                f"quantity(self).compareTo(quantity('{self.high}')) <= 0)")
+
+    def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
+        amount = quantity.parse(value)
+        low, high = quantity.parse(self.low), quantity.parse(self.high)
+        assert low is not None and high is not None
+        if amount is not None and not low <= amount <= high:
+            yield "", f"{schema.show(value)} is not valid: {self.message}"
+
+
+@dataclass(frozen=True)
+class FrozenUnlessSuspended(Rule):
+    """A pod-shaping field of spec changes only while the job is suspended (a transition rule on spec).
+
+    As a Kubernetes Job's pod template: the pods of one gang never disagree. Suspending deletes
+    the pods, so the change applies to every pod of the resumed gang alike.
+    """
+
+    key: str
+    transition: ClassVar[bool] = True
+
+    @property
+    def message(self) -> str:  # type: ignore[override]
+        return (f"spec.{self.key} shapes the pods and may change only while the job is suspended: set "
+                "spec.suspend to true (its pods are deleted), change it, then set spec.suspend to false "
+                "(or delete the job and create it again)")
+
+    @property
+    def field_path(self) -> str:  # type: ignore[override]
+        return f".{self.key}"
+
+    def cel(self) -> str:
+        k = self.key
+        return ("(has(self.suspend) && self.suspend) || (has(oldSelf.suspend) && oldSelf.suspend) || "
+                f"(has(self.{k}) ? (has(oldSelf.{k}) && self.{k} == oldSelf.{k}) : !has(oldSelf.{k}))")
+
+    def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
+        if old is MISSING or not isinstance(old, Mapping) or value.get("suspend") or old.get("suspend"):
+            return
+        if value.get(self.key, MISSING) != old.get(self.key, MISSING):
+            yield f".{self.key}", (f"is immutable while the job is not suspended (it shapes the pods, as a "
+                                   "Job's template does): set spec.suspend to true, change it, then set "
+                                   "spec.suspend to false; or delete the job and create it again")
+
+
 # --- the table --------------------------------------------------------------------------------
 
 
@@ -541,11 +706,16 @@ _CONTAINER: Final = Obj(
         TrainerLeaves("command", "spec.python"),
         TrainerLeaves("args", "spec.args"),
         TrainerEnv(),
+        ContractEnv(),
     ),
     properties={
-        "name": Str(description=_d(f"""
-            The container's name. "{TRAINER_CONTAINER}" (or no name) makes it the proc's container;
-            any other name makes it a sidecar, which may set anything.""")),
+        "name": Str(
+            max_length=MAX_CONTAINER_NAME_LENGTH,
+            rules=(Matches(DNS_1123_LABEL, "a container name is a DNS-1123 label: lowercase letters, digits and "
+                           "'-', starting and ending with a letter or digit"),),
+            description=_d(f"""
+                The container's name, a DNS-1123 label. "{TRAINER_CONTAINER}" (or no name) makes it
+                the proc's container; any other name makes it a sidecar, which may set anything.""")),
         "image": Str(description="A sidecar's image. The trainer's image is spec.image."),
         "command": Arr(items=Str(description="One word."),
                        description="A sidecar's command. The trainer's command is the worker, run by spec.python."),
@@ -554,11 +724,29 @@ _CONTAINER: Final = Obj(
         "env": Arr(
             max_items=MAX_CONTAINER_ENV,
             description=_d(f"""
-                Environment variables, at most {MAX_CONTAINER_ENV}. In the trainer they win over
-                the operator's, except that MONARCH_SPMD_* variables other than
-                {' and '.join(sorted(USER_SETTABLE_VARS))} belong to the operator."""),
+                Environment variables, at most {MAX_CONTAINER_ENV}. The trainer may not set the
+                torchrun variables the operator computes ({', '.join(sorted(CONTRACT_VARS))}), the
+                pod's own ({', '.join(v for v, _ in DOWNWARD_ENV)}), nor MONARCH_SPMD_* variables
+                other than {' and '.join(sorted(USER_SETTABLE_VARS))}; what it sets otherwise wins
+                (TORCH_NCCL_ASYNC_ERROR_HANDLING and OMP_NUM_THREADS included)."""),
             items=Obj(preserve_unknown=True, description="A variable (name, value or valueFrom).",
                       properties={"name": Str(description="The variable's name.")}),
+        ),
+        "resources": Obj(
+            preserve_unknown=True,
+            description=_d("""
+                The container's resources (see `kubectl explain pod.spec.containers.resources`);
+                the quantities of limits and requests are checked here, as the pod would check
+                them."""),
+            properties={
+                kind: Obj(
+                    max_properties=MAX_RESOURCES,
+                    description=f"Resource name -> quantity (at most {MAX_RESOURCES}), e.g. cpu: 500m, memory: 4Gi.",
+                    values=AnyValue(rules=(ResourceQuantity(),),
+                                    description="A quantity: a number, or a string such as 500m, 4Gi or 1e3."),
+                )
+                for kind in ("limits", "requests")
+            },
         ),
     },
 )
@@ -605,11 +793,14 @@ TEMPLATE: Final = Obj(
 )
 
 SPEC: Final = Obj(
-    description=_d("""
+    description=_d(f"""
         What to run and how: the mesh, the training argv, the image, the pod template and the
-        gang's restart policy. Everything except the mesh, podLayout and mode may change; changes
-        apply to pods created afterwards (the next attempt, or the resume of a suspended job)."""),
-    rules=(ArgsForMode(), LayoutForMode()),
+        gang's restart policy. The mesh, podLayout and mode never change. The fields that shape
+        the pods ({', '.join(POD_SHAPING_FIELDS)}) change only while the job is suspended, as a
+        Job's pod template: suspend it (its pods are deleted), change them, resume it. The others
+        (restartPolicy, activeDeadlineSeconds, ttlSecondsAfterFinished, suspend) change at any
+        time."""),
+    rules=(ArgsForMode(), LayoutForMode(), *(FrozenUnlessSuspended(key) for key in POD_SHAPING_FIELDS)),
     properties={
         "mesh": Arr(
             required=True,
@@ -774,12 +965,14 @@ SPEC: Final = Obj(
         ),
         "shmSize": Str(
             max_length=32,
-            rules=(Matches(MEMORY_QUANTITY, "a memory quantity such as 512Mi, 2Gi or 1G"),),
-            description=_d("""
+            rules=(Matches(MEMORY_QUANTITY, "a memory quantity such as 512Mi, 2Gi or 1G"),
+                   QuantityRange(SHM_SIZE_MIN, SHM_SIZE_MAX, "a memory quantity")),
+            description=_d(f"""
                 Size limit of the memory-backed /dev/shm every pod gets (NCCL, gloo and DataLoader
                 workers use shared memory; a container runtime's default is often 64 MiB). A
-                quantity such as 2Gi; it counts against the pod's memory limit. Unset: no limit of
-                its own. A volume the template mounts at /dev/shm replaces it."""),
+                memory quantity from {SHM_SIZE_MIN} to {SHM_SIZE_MAX} such as 2Gi; it counts
+                against the pod's memory limit. Unset: no limit of its own. A volume the template
+                mounts at /dev/shm replaces it."""),
         ),
         "scheduling": Obj(
             default={},
@@ -877,6 +1070,53 @@ STATUS: Final = Obj(
                 "time": Str(format=_TIME, description="When the failure happened (or was observed)."),
             },
         ),
+        "refusal": Obj(
+            description=_d("""
+                Set while the API server refuses to create a child of the job (403: a
+                ResourceQuota, Pod Security admission, another admission plugin or RBAC): the job
+                waits in its phase, retrying with back-off, and releases the pods of a gang left
+                incomplete for 30 s. Removed once every child exists. A 400/422 (an invalid pod)
+                fails the job instead (reason InvalidSpec, see failure)."""),
+            properties={
+                "reason": Str(description="QuotaExceeded, PodSecurity or Forbidden."),
+                "message": Str(description=_d("""
+                    The refusal in the job's terms: the quota and resources (requested, used,
+                    limited), or the Pod Security level and the fields of spec.template to set.""")),
+                "cause": Str(description="What the refusal is about (the quota and resources, the level): one Warning Event per cause."),
+                "kind": Str(description="The refused child's kind: Pod, Service, ConfigMap, PodGroup or Workload."),
+                "name": Str(description="The refused child's name."),
+                "code": Int(description="The HTTP status of the refusal (403)."),
+                "since": Str(format=_TIME, description="The first refusal of this cause in a row."),
+                "lastTime": Str(format=_TIME, description="The latest refusal."),
+                "retries": Int(description="Refusals of this cause in a row."),
+                "retryAt": Str(format=_TIME, description="No child is created before this time (back-off)."),
+                "heldSince": Str(format=_TIME, description="Since when the incomplete gang has held pods."),
+                "releases": Int(description="How many times the incomplete gang's pods were deleted to free what they held."),
+                "releasedAt": Str(format=_TIME, description="When they were last deleted."),
+            },
+        ),
+        "startFailures": Obj(
+            description=_d("""
+                Pods of the current attempt whose container cannot start (ErrImagePull,
+                ImagePullBackOff, CreateContainerConfigError ...), by pod name, with when the
+                problem was first seen: the start-failure limit counts from there (an operator
+                restart does not reset it; a problem that clears does)."""),
+            values=Obj(
+                description="One pod's start failure.",
+                properties={
+                    "reason": Str(description="The container's waiting reason."),
+                    "since": Str(format=_TIME, description="When the operator first saw the container unable to start."),
+                },
+            ),
+        ),
+        "specWarnings": Arr(
+            items=Str(description="A rule and what breaks it, as spec.field: message."),
+            description=_d("""
+                Rules of this operator version that the job's spec breaks although the job was
+                admitted before them (e.g. after an upgrade): the job keeps running, a Warning
+                Event OutdatedSpec said so once, and a new job with the same spec would be
+                refused."""),
+        ),
         "conditions": Arr(
             list_type="map",
             map_keys=("type",),
@@ -947,7 +1187,7 @@ def attributes(node: Obj, value: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _errors(problems: list[schema.Problem]) -> list[SpecError]:
-    return [SpecError(p.path, p.message) for p in problems]
+    return [SpecError(p.path, p.message, policy=p.policy) for p in problems]
 
 
 def check_job_spec(spec: object, *, require_image: bool = False) -> tuple[Any, list[SpecError]]:
@@ -974,6 +1214,33 @@ def parse_job_spec(spec: Mapping[str, Any], *, require_image: bool = False) -> J
     if errors:
         raise errors[0]
     return JobSpec(**attributes(SPEC, value))
+
+
+class Stored(NamedTuple):
+    """What :func:`parse_stored` returns."""
+
+    spec: JobSpec
+    #: The policy rules the spec breaks (rules the API server gives new jobs; see SpecError.policy).
+    outdated: tuple[SpecError, ...]
+
+
+def parse_stored(spec: Mapping[str, Any]) -> Stored:
+    """Parses the spec of a job the API server has stored, which may predate this version's rules.
+
+    A stricter rule added later (a policy, :attr:`monarch_spmd.schema.Rule.policy`: the shmSize
+    range, reserved variables, template quantities ...) must not stop a job that was admitted
+    before it: such a spec is parsed, and its violations returned for the operator to report
+    (it refuses them only for a job that never started). What the operator cannot run at all
+    (a wrong type, a missing field, an argv of the wrong form, a mesh too large) still raises.
+
+    Raises:
+        SpecError: the first problem that is not a policy's, naming the field.
+    """
+    value, errors = check_job_spec(spec, require_image=True)
+    hard = [e for e in errors if not e.policy]
+    if hard:
+        raise hard[0]
+    return Stored(JobSpec(**attributes(SPEC, value)), tuple(errors))
 
 
 def job_name_error(name: object) -> str | None:
@@ -1009,7 +1276,8 @@ def _generated(prefix: str) -> str:
 
 
 def check_manifest(doc: object, *, require_image: bool = True, old: object = MISSING) -> tuple[Any, list[SpecError]]:
-    """Checks a whole SPMDJob manifest as the API server checks a create (an update with ``old``).
+    """Checks a whole SPMDJob manifest as the API server checks a create (an update with ``old``,
+    the object as stored: the fields that shape the pods may then change only while suspended).
 
     Returns:
         ``(the object as the server would store it, every error found)``; the errors name their
@@ -1025,6 +1293,8 @@ def check_manifest(doc: object, *, require_image: bool = True, old: object = MIS
     if errors:
         return doc, errors
     optional = () if require_image else ("spec.image",)
+    if isinstance(old, Mapping):
+        old, _ = schema.validate(ROOT, old, "", optional=optional)  # as the server stored it: defaulted
     value, problems = schema.validate(ROOT, doc, "", old=old, optional=optional, reset=("status",))
     return value, _errors(problems)
 

@@ -13,8 +13,9 @@ What a pod gets (docs/interfaces.md is the contract):
   shipped in the ``<job>-<id>-worker`` ConfigMap and mounted read-only, so a stock PyTorch image
   works;
 * the MONARCH_SPMD_* inputs of :func:`monarch_spmd.payload.worker.worker_input_env` plus POD_NAME,
-  POD_NAMESPACE, POD_IP and NODE_NAME from the downward API; a variable the user's ``trainer``
-  container sets keeps the user's value (the spec lets users set only the harmless ones);
+  POD_NAMESPACE, POD_IP and NODE_NAME from the downward API (always the pod's own); a variable the
+  user's ``trainer`` container sets keeps the user's value (the spec lets users set only the
+  harmless ones: no torchrun contract variable, no MONARCH_SPMD_* input but two);
 * labels job, job-uid, (first) rank, restart and one ``coord-<dim>`` per coordinate; the owner
   reference of the job (controller), so deleting the job deletes the pod;
 * a memory-backed ``/dev/shm`` (``spec.shmSize`` its limit) unless the template mounts one;
@@ -54,13 +55,8 @@ COLOCATE_WEIGHT: Final = 100
 #: The memory-backed /dev/shm every pod gets.
 SHM_VOLUME: Final = "dshm"
 SHM_PATH: Final = "/dev/shm"
-#: Downward-API variables every pod gets (name -> fieldPath).
-DOWNWARD_ENV: Final = (
-    ("POD_NAME", "metadata.name"),
-    ("POD_NAMESPACE", "metadata.namespace"),
-    ("POD_IP", "status.podIP"),
-    ("NODE_NAME", "spec.nodeName"),
-)
+#: Downward-API variables every pod gets (name -> fieldPath): the pod's own, never the template's.
+DOWNWARD_ENV: Final = spec_module.DOWNWARD_ENV
 #: Monarch mode: the worker loop's port, and the readiness probe that makes the pod Ready (and the
 #: job Running) only once the loop accepts connections.
 MONARCH_PORT: Final = names.DEFAULT_MONARCH_PORT
@@ -231,7 +227,13 @@ def pod_env(job: JobRef, spec: JobSpec, index: int, restart: int) -> list[dict[s
 
 
 def _merge_env(ours: list[dict[str, Any]], user: list[Any]) -> list[dict[str, Any]]:
-    """Ours first (so the user's values may refer to them as $(POD_NAME)), minus what the user sets."""
+    """Ours first (so the user's values may refer to them as $(POD_NAME)), minus what the user sets.
+
+    The pod's own variables (the downward API's POD_IP ...) are never shadowed: the spec refuses a
+    template that sets one, and a job stored before that rule still gets the pod's real values.
+    """
+    own = {name for name, _ in DOWNWARD_ENV}
+    user = [e for e in user if not (isinstance(e, Mapping) and e.get("name") in own)]
     user_names = {e.get("name") for e in user if isinstance(e, Mapping)}
     return [e for e in ours if e["name"] not in user_names] + [copy.deepcopy(e) for e in user]
 

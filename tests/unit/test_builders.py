@@ -10,7 +10,7 @@ import pytest
 import monarch_spmd
 from monarch_spmd import policy
 from monarch_spmd.payload import worker
-from monarch_spmd.spec import parse_job_spec
+from monarch_spmd.spec import SpecError, parse_job_spec, parse_stored
 from spmd_operator import builders, names
 from spmd_operator.names import JobRef
 
@@ -136,7 +136,7 @@ def test_pod_env_is_the_worker_input_plus_downward_api():
     assert torch_env["TORCHELASTIC_RESTART_COUNT"] == "1"
 
 
-def test_user_template_is_merged_and_user_env_wins_where_set():
+def test_user_template_is_merged_and_user_env_wins_where_set_but_never_over_the_pods_own():
     template = {
         "metadata": {"labels": {"team": "a", "spmd.monarch.dev/rank": "spoofed"}, "annotations": {"note": "x"}},
         "spec": {
@@ -160,7 +160,13 @@ def test_user_template_is_merged_and_user_env_wins_where_set():
             ],
         },
     }
-    s = spec(template=template)
+    # The spec refuses POD_IP in the trainer now; a job stored before that rule still runs.
+    raw = {"mesh": [{"name": "hosts", "size": 2}, {"name": "gpus", "size": 2}], "args": ["-m", "train", "--lr", "0.1"],
+           "image": "img:1", "template": template}
+    with pytest.raises(SpecError, match="POD_IP is reserved"):
+        parse_job_spec(raw, require_image=True)
+    s, outdated = parse_stored(raw)
+    assert [e.field for e in outdated] == ["spec.template.spec.containers[1].env[0].name"]
     before = copy.deepcopy(s.template)
     pod = builders.build_pod(JOB, s, 1, 0)
     assert s.template == before, "building a pod must not change the spec"
@@ -178,7 +184,7 @@ def test_user_template_is_merged_and_user_env_wins_where_set():
     env_names = [e["name"] for e in c["env"]]
     assert len(env_names) == len(set(env_names)), "each variable once"
     env = env_of(pod)
-    assert env["POD_IP"] == "override"
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}, "the pod's own address, never shadowed"
     assert env[worker.ROLE_NAME_VAR] == "rank"
     assert env[worker.MESH_VAR] == "hosts=2,gpus=2"
     # Ours come first so that the user's values may refer to them.

@@ -112,23 +112,30 @@ def test_every_field_has_a_description_and_a_type(openapi):
     assert node_at(openapi, ".metadata") == {"type": "object"}
     missing = [p or "<root>" for p, node in walk(openapi) if p != ".metadata" and not node.get("description", "").strip()]
     assert not missing, f"fields without a description (kubectl explain shows nothing): {missing}"
-    untyped = [p for p, node in walk(openapi) if "type" not in node]
+    # A structural schema needs a type on every node but those that preserve unknown fields.
+    untyped = [p for p, node in walk(openapi) if "type" not in node and not node.get("x-kubernetes-preserve-unknown-fields")]
     assert not untyped, f"a structural schema needs a type on every node: {untyped}"
 
 
 def test_only_the_pod_template_keeps_unknown_fields(openapi):
     free = [p for p, n in walk(openapi) if n.get("x-kubernetes-preserve-unknown-fields")]
-    # The PodSpec, and the containers and env entries in it, whose few declared fields CEL checks.
-    assert free == [".spec.template.spec", ".spec.template.spec.containers[]", ".spec.template.spec.containers[].env[]"]
+    # The PodSpec, and the containers, env entries, resources and quantities in it, whose few
+    # declared fields CEL checks.
+    assert free == [".spec.template.spec", ".spec.template.spec.containers[]", ".spec.template.spec.containers[].env[]",
+                    ".spec.template.spec.containers[].resources", ".spec.template.spec.containers[].resources.limits{}",
+                    ".spec.template.spec.containers[].resources.requests{}"]
     declared = node_at(openapi, ".spec.template.spec.containers[]")["properties"]
-    assert set(declared) == {"name", "image", "command", "args", "env"}
+    assert set(declared) == {"name", "image", "command", "args", "env", "resources"}
+    # A quantity is any JSON value (2, 0.5, "4Gi"): no type, its rule checks what it is.
+    assert "type" not in node_at(openapi, ".spec.template.spec.containers[].resources.limits{}")
 
 
 def test_required_fields(openapi):
     assert openapi["required"] == ["spec"]
     # args: required by a rule on spec instead (mode Program needs it, mode Monarch refuses it)
     assert set(node_at(openapi, ".spec")["required"]) == {"mesh", "image"}
-    assert [r["fieldPath"] for r in node_at(openapi, ".spec")["x-kubernetes-validations"]] == [".args", ".podLayout"]
+    assert [r["fieldPath"] for r in node_at(openapi, ".spec")["x-kubernetes-validations"]] == \
+        [".args", ".podLayout", *(f".{k}" for k in specmod.POD_SHAPING_FIELDS)]
     assert set(node_at(openapi, ".spec.mesh[]")["required"]) == {"name", "size"}
 
 
@@ -162,8 +169,11 @@ def test_lists_and_strings_under_cel_rules_are_bounded(openapi):
                  ".spec.restartPolicy.permanentReasons", ".spec.args", ".spec.template.spec.containers",
                  ".spec.template.spec.containers[].env"):
         assert "maxItems" in node_at(openapi, path), path
-    for path in (".spec.mesh[].name", ".spec.image", ".spec.python", ".spec.restartPolicy.permanentReasons[]"):
+    for path in (".spec.mesh[].name", ".spec.image", ".spec.python", ".spec.restartPolicy.permanentReasons[]",
+                 ".spec.shmSize", ".spec.template.spec.containers[].name"):
         assert "maxLength" in node_at(openapi, path), path
+    for path in (".spec.template.spec.containers[].resources.limits", ".spec.template.spec.containers[].resources.requests"):
+        assert "maxProperties" in node_at(openapi, path), path
 
 
 def test_status_phase_and_conditions_match_the_operator(openapi):
@@ -214,15 +224,43 @@ VALID = {
 }
 
 
+def kubernetes_cel_functions():
+    """Kubernetes' CEL quantity library for cel-python (``isQuantity``, ``quantity``, ``compareTo``),
+    on :mod:`monarch_spmd.quantity` (tests/e2e/test_spec_parity.py holds that to the API server)."""
+    import celpy
+
+    from monarch_spmd import quantity
+
+    class Quantity:
+        def __init__(self, text):
+            value = quantity.parse(str(text))
+            if value is None:
+                raise ValueError(f"quantity({text!r}): not a quantity")
+            self.value = value
+
+    def compare(a, b):
+        return celpy.celtypes.IntType((a.value > b.value) - (a.value < b.value))
+
+    return {
+        "isQuantity": lambda text: celpy.celtypes.BoolType(quantity.is_quantity(str(text))),
+        "quantity": Quantity,
+        "compareTo": compare,
+        "isLessThan": lambda a, b: celpy.celtypes.BoolType(a.value < b.value),
+        "isGreaterThan": lambda a, b: celpy.celtypes.BoolType(a.value > b.value),
+    }
+
+
 def cel_failures(obj: Any, old: Any = schema.MISSING, where: set[tuple[str, str]] | None = None) -> list[str]:
     """Runs every CEL rule of the CRD over ``obj`` (defaulted); returns the failing rules' messages
     (and adds ``(path, rule)`` of each to ``where``).
 
-    An evaluation error fails the calling test.
+    An evaluation error fails the calling test. On an update (``old``) a rule that does not use
+    ``oldSelf`` is skipped on a value that did not change, as the API server ratchets.
     """
     import celpy  # cel-python, in the test extra
 
     env = celpy.Environment()
+    functions = kubernetes_cel_functions()
     openapi = crdmod.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     failed: list[str] = []
 
@@ -231,11 +269,13 @@ def cel_failures(obj: Any, old: Any = schema.MISSING, where: set[tuple[str, str]
             transition = "oldSelf" in v["rule"]
             if transition and old_value is schema.MISSING:
                 continue
+            if not transition and old_value is not schema.MISSING and old_value == value:
+                continue  # ratcheting
             act = {"self": celpy.json_to_cel(value)}
             if transition:
                 act["oldSelf"] = celpy.json_to_cel(old_value)
             try:
-                result = env.program(env.compile(v["rule"])).evaluate(act)
+                result = env.program(env.compile(v["rule"]), functions=functions).evaluate(act)
             except Exception as e:  # noqa: BLE001 - any error is the failure reported
                 pytest.fail(f"CEL evaluation error at {path or '<root>'}: {v['rule']!r} on {value!r}: {e!r}")
             if isinstance(result, celpy.CELEvalError):
@@ -250,10 +290,12 @@ def cel_failures(obj: Any, old: Any = schema.MISSING, where: set[tuple[str, str]
                 visit(child, value[key], old_child, f"{path}.{key}".lstrip("."))
         if isinstance(node.get("additionalProperties"), dict) and isinstance(value, dict):
             for key, item in value.items():
-                visit(node["additionalProperties"], item, schema.MISSING, f"{path}.{key}")
+                old_item = old_value.get(key, schema.MISSING) if isinstance(old_value, dict) else schema.MISSING
+                visit(node["additionalProperties"], item, old_item, f"{path}.{key}")
         if "items" in node and isinstance(value, list):
             for i, item in enumerate(value):
-                visit(node["items"], item, schema.MISSING, f"{path}[{i}]")
+                old_item = old_value[i] if isinstance(old_value, list) and i < len(old_value) else schema.MISSING
+                visit(node["items"], item, old_item, f"{path}[{i}]")
 
     visit(openapi, obj, old, "")
     return failed
@@ -307,7 +349,34 @@ CASES = [
     ({"template": trainer(command=["x"])}, "command is set by the operator"),
     ({"template": trainer(args=["x"])}, "args is set by the operator"),
     ({"template": {"spec": {"containers": [{"image": "x"}]}}}, "image is set by the operator"),
-    ({"template": {"spec": {"containers": [{"name": "", "image": "x"}]}}}, None),
+    ({"template": {"spec": {"containers": [{"name": "", "image": "x"}]}}}, "DNS-1123 label"),
+    ({"template": {"spec": {"containers": [{"name": "Side_1", "image": "x"}]}}}, "DNS-1123 label"),
+    ({"template": {"spec": {"containers": [{"name": "side-1", "image": "x"}]}}}, None),
+    # shmSize: a memory quantity within the documented range
+    ({"shmSize": "16Gi"}, None),
+    ({"shmSize": "1Mi"}, None),
+    ({"shmSize": "1Ti"}, None),
+    ({"shmSize": "0"}, "from 1Mi to 1Ti"),
+    ({"shmSize": "0.0000001"}, "from 1Mi to 1Ti"),
+    ({"shmSize": "1048575"}, "from 1Mi to 1Ti"),
+    ({"shmSize": "1025Gi"}, "from 1Mi to 1Ti"),
+    ({"shmSize": "99999999999Ei"}, "from 1Mi to 1Ti"),
+    ({"shmSize": "2 Gi"}, "a memory quantity such as"),
+    # reserved variables: the contract's and the pod's own, in the trainer only
+    ({"template": trainer(env=[{"name": "RANK", "value": "3"}])}, "may not set the torchrun variables"),
+    ({"template": trainer(env=[{"name": "MASTER_PORT", "value": "1"}])}, "may not set the torchrun variables"),
+    ({"template": trainer(env=[{"name": "POD_IP", "value": "1.2.3.4"}])}, "may not set the torchrun variables"),
+    ({"template": trainer(env=[{"name": "OMP_NUM_THREADS", "value": "4"},
+                               {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "0"}])}, None),
+    ({"template": {"spec": {"containers": [{"name": "side", "image": "b", "env": [{"name": "RANK"}]}]}}}, None),
+    # resource quantities, as the pod reads them
+    ({"template": trainer(resources={"limits": {"cpu": "500m", "memory": "4Gi", "nvidia.com/gpu": 1},
+                                     "requests": {"cpu": 0.5, "memory": "1e9"}, "claims": [{"name": "x"}]})}, None),
+    ({"template": trainer(resources={"limits": {"memory": "4 Gi"}})}, "resource quantity"),
+    ({"template": trainer(resources={"requests": {"cpu": "one"}})}, "resource quantity"),
+    ({"template": trainer(resources={"requests": {"cpu": True}})}, "resource quantity"),
+    ({"template": {"spec": {"containers": [{"name": "side", "image": "b", "resources": {"limits": {"cpu": "x"}}}]}}},
+     "resource quantity"),
     ({"template": trainer(env=[{"name": "MONARCH_SPMD_MESH"}])}, "MONARCH_SPMD_*"),
     ({"template": trainer(env=[{"name": "MONARCH_SPMD_LOCAL_RANK_SCOPE"}, {"value": "x"}])}, None),
     ({"template": {"spec": {"containers": [{"name": "trainer"}, {}]}}}, "at most one container"),
@@ -341,11 +410,46 @@ def test_cel_and_python_refuse_bad_job_names(name):
     assert info.value.field == "metadata.name"
 
 
+@pytest.mark.parametrize("key,value", [("masterPort", 29501), ("image", "other:2"), ("shmSize", "2Gi"),
+                                       ("template", {"spec": {"nodeSelector": {"a": "b"}}}),
+                                       ("scheduling", {"provider": "Volcano"}), ("args", ["-m", "other"])])
+def test_pod_shaping_fields_change_only_while_suspended(key, value):
+    stored, _ = schema.validate(specmod.ROOT, VALID, reset=("status",))
+    changed = with_spec(**{key: value})
+    failed = cel_failures(schema.validate(specmod.ROOT, changed, reset=("status",))[0], old=stored)
+    assert any(f"spec.{key} shapes the pods" in m for m in failed), failed
+    _, errors = specmod.check_manifest(changed, old=VALID)
+    assert [e.field for e in errors] == [f"spec.{key}"]
+    assert "suspend" in str(errors[0])
+    # Suspended (before, or in the same update): allowed.
+    suspended_old = copy.deepcopy(stored)
+    suspended_old["spec"]["suspend"] = True
+    new = schema.validate(specmod.ROOT, dict(changed, spec=dict(changed["spec"], suspend=True)), reset=("status",))[0]
+    assert cel_failures(new, old=suspended_old) == []
+    assert cel_failures(new, old=stored) == []
+    assert specmod.check_manifest(new, old=suspended_old)[1] == []
+    # The other fields change at any time.
+    relaxed = with_spec(activeDeadlineSeconds=60, restartPolicy={"maxRestarts": 5})
+    assert cel_failures(schema.validate(specmod.ROOT, relaxed, reset=("status",))[0], old=stored) == []
+    assert specmod.check_manifest(relaxed, old=VALID)[1] == []
+
+
+def test_an_unchanged_value_a_newer_rule_refuses_is_kept_on_update():
+    """Ratcheting: a job stored before a rule may still be updated elsewhere (suspended, say)."""
+    stored, _ = schema.validate(specmod.ROOT, with_spec(shmSize="0"), reset=("status",))
+    update = copy.deepcopy(stored)
+    update["spec"]["activeDeadlineSeconds"] = 600
+    assert cel_failures(update, old=stored) == []
+    assert specmod.check_manifest(update, old=stored)[1] == []
+    assert [e.field for e in specmod.check_manifest(update)[1]] == ["spec.shmSize"], "refused on create"
+
+
 def test_the_mesh_is_immutable():
     changed = with_spec(mesh=[{"name": "hosts", "size": 4}, {"name": "gpus", "size": 4}])
     assert any("immutable" in m for m in cel_failures(changed, old=VALID))
-    assert cel_failures(with_spec(args=["-m", "other"]), old=VALID) == []
+    assert cel_failures(with_spec(activeDeadlineSeconds=5), old=VALID) == []
     _, errors = specmod.check_manifest(changed, old=VALID)
     assert [e.field for e in errors] == ["spec.mesh"]
-    _, errors = specmod.check_manifest(with_spec(args=["-m", "other"]), old=VALID)
-    assert errors == []
+    suspended = with_spec(mesh=changed["spec"]["mesh"], suspend=True)
+    _, errors = specmod.check_manifest(suspended, old=dict(VALID, spec=dict(VALID["spec"], suspend=True)))
+    assert [e.field for e in errors] == ["spec.mesh"], "not even while suspended"

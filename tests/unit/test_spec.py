@@ -290,8 +290,10 @@ def test_template_limits_and_sidecars():
     with pytest.raises(SpecError) as info:
         parse_job_spec(spec_with(template=trainer_template(env=env)))
     assert info.value.field == "spec.template.spec.containers[0].env"
-    # An empty name is a sidecar's name, not the trainer's.
-    parse_job_spec(spec_with(template={"spec": {"containers": [{"name": "", "image": "x"}, {"name": "trainer"}]}}))
+    # A container name is a DNS-1123 label, as a pod's: an empty one is refused up front.
+    with pytest.raises(SpecError) as info:
+        parse_job_spec(spec_with(template={"spec": {"containers": [{"name": "", "image": "x"}, {"name": "trainer"}]}}))
+    assert info.value.field == "spec.template.spec.containers[0].name"
     # A null image is no image.
     assert parse_job_spec(spec_with(template=trainer_template(image=None))).template == {"spec": {"containers": [{"name": "trainer"}]}}
 
