@@ -32,12 +32,17 @@ GPU_RESOURCE: Final = "nvidia.com/gpu"
 
 #: Pod or container reasons that no amount of waiting or retrying fixes (the payload's rule).
 FATAL_REASONS: Final = failures.FATAL_REASONS
-#: Waiting reasons of a container that cannot start; they fail the job (permanently) once a pod
-#: has waited START_FAILURE_SECONDS with one, rather than leaving it Pending forever.
+#: Waiting reasons of a container that cannot start; a problem that lasts START_FAILURE_SECONDS
+#: (counted from when it was first seen) fails the attempt, rather than leaving it Pending forever.
 START_FAILURE_REASONS: Final = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
 )
 START_FAILURE_SECONDS: Final = 300.0
+#: Start failures that are permanent once they last START_FAILURE_SECONDS: a ConfigMap or Secret the
+#: container needs is missing or malformed (the wait lets one be created). Every other start
+#: failure is retryable (a registry down, a rate limit), unless listed in permanentReasons;
+#: FATAL_REASONS fail at once.
+PERMANENT_START_FAILURES: Final = frozenset({"CreateContainerConfigError"})
 
 #: Reasons that mean the cluster took the pod away (see :data:`.payload.failures.DISRUPTION_REASONS`).
 DISRUPTION_REASONS: Final = failures.DISRUPTION_REASONS
@@ -59,6 +64,15 @@ def is_permanent(spec: JobSpec, exit_code: int | None, reason: str | None) -> bo
         permanent_exit_codes=spec.permanent_exit_codes,
         retryable_exit_codes=spec.retryable_exit_codes,
     )
+
+
+def start_failure_is_permanent(spec: JobSpec, reason: str | None) -> bool:
+    """Whether a container that could not start for START_FAILURE_SECONDS fails the job for good.
+
+    Retryable by default (the gang is replaced, using up a restart); permanent for
+    PERMANENT_START_FAILURES, FATAL_REASONS and a reason in ``restartPolicy.permanentReasons``.
+    """
+    return bool(reason) and (reason in PERMANENT_START_FAILURES or is_permanent(spec, None, reason))
 
 
 def trainer_container(template: Mapping[str, Any]) -> Mapping[str, Any] | None:

@@ -53,7 +53,7 @@ from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from monarch_spmd.spec import SCHEDULING_KUEUE, SpecError, parse_job_spec
+from monarch_spmd.spec import SCHEDULING_KUEUE, SpecError, parse_stored
 
 from . import builders, events, informer, kube, lifecycle, names
 from .metrics import Metrics
@@ -111,6 +111,27 @@ class JobGone(Exception):
     """The job no longer exists (or its namespace is being deleted): its loop ends quietly."""
 
 
+class Refused(Exception):
+    """The API server refused to create a child: carried to the next pass, not retried blindly."""
+
+    def __init__(self, refusal: lifecycle.Refusal) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
+def refusal_of(error: object, body: Mapping[str, Any], index: int | None = None) -> lifecycle.Refusal | None:
+    """The refusal a failed create means for the lifecycle (400, 403, 422), else None.
+
+    A 403 because the namespace is being deleted is not one (the job's loop ends instead).
+    """
+    if not isinstance(error, kube.KubeError) or error.status not in (400, 403, 422) or error.namespace_terminating:
+        return None
+    return lifecycle.Refusal(
+        kind=str(body.get("kind") or ""), name=str((body.get("metadata") or {}).get("name") or ""),
+        code=error.status, reason=error.reason, message=error.message,
+        at=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"), index=index)
+
+
 @dataclass
 class JobLoop:
     """The reconcile loop of one SPMDJob.
@@ -119,7 +140,8 @@ class JobLoop:
         key: ``(namespace, name)``.
         body: the newest version of the job known (from the watch, a resync or our own patch).
         written: the status our last patch produced, until the watch delivers it.
-        rejection: the API server's refusal of a pod built from the template, for the next pass.
+        rejection: the API server's latest refusal to create a child (400, 403, 422), for the
+            next pass; cleared when a pass tries to create children again.
         created: child name -> when this operator created it (monotonic), so a child the
             informers have not shown yet is not POSTed again within CREATED_MEMORY_SECONDS.
         foreign_reported: names of a namesake's children already reported in an Event.
@@ -132,7 +154,7 @@ class JobLoop:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     written: dict[str, Any] | None = None
-    rejection: str | None = None
+    rejection: lifecycle.Refusal | None = None
     created: dict[str, float] = field(default_factory=dict)
     foreign_reported: set[str] = field(default_factory=set)
     status_written: float | None = None
@@ -408,8 +430,9 @@ class Controller:
         body = loop.body
         meta = body.get("metadata") or {}
         job = JobRef.from_body(body)
+        outdated: tuple[SpecError, ...] = ()
         try:
-            spec: Any = parse_job_spec(body.get("spec") or {}, require_image=True)
+            spec, outdated = parse_stored(body.get("spec") or {})
         except SpecError as e:
             spec = e
         maps = self.configmaps.get(job.key, job.uid)
@@ -451,6 +474,7 @@ class Controller:
             podgroups=podgroups,
             workload=workload,
             rejection=loop.rejection,
+            outdated=outdated,
             unavailable=unavailable,
             now=now or dt.datetime.now(dt.timezone.utc),
         )
@@ -524,6 +548,8 @@ class Controller:
         await self._all([
             *(self.api.delete(kube.pods_url(ns, name), owner=key) for name in plan.delete_pods if name in pods),
             *(self.api.delete(kube.services_url(ns, name), owner=key) for name in plan.delete_services),
+            *([self.api.delete(kube.configmaps_url(ns, names.configmap_name(job)), owner=key)]
+              if plan.delete_configmap else []),
             *(self.api.delete(kube.custom_url(*group_api, ns, name), owner=key) for name in plan.delete_podgroups
               if group_api),
             *([self._finish_workload(o)] if plan.finish_workload else []),
@@ -541,15 +567,19 @@ class Controller:
             writes.append(self._ensure(loop, kube.custom_url(*group_api, ns), builders.build_podgroup(job, spec, plan.podgroup), job))
         if plan.workload:
             writes.append(self._ensure(loop, kube.custom_url(*builders.KUEUE_WORKLOAD, ns), builders.build_workload(job, spec), job))
-        await self._all(writes)
-        flavors = await self._flavors(o) if plan.create and o.workload is not None else []
-        rejected = await self._create_pods(loop, job, spec, plan, flavors) if plan.create else None
+        if writes or plan.create:
+            loop.rejection = None  # tried again: the next pass sees only what this one is refused
+        results = await asyncio.gather(*writes, return_exceptions=True)
+        rejected = next((r.refusal for r in results if isinstance(r, Refused)), None)
+        if rejected is None:
+            self._raise_first(results)
+            flavors = await self._flavors(o) if plan.create and o.workload is not None else []
+            rejected = await self._create_pods(loop, job, spec, plan, flavors) if plan.create else None
         if rejected is not None:
-            # Refused by the API server: the next pass turns it into InvalidSpec (one status
-            # patch, and its Event after this pass's).
+            # Refused by the API server (no pod goes without its Service and ConfigMap): the next
+            # pass says why (lifecycle.refusal) or fails an invalid spec (lifecycle.admission).
             loop.rejection = rejected
             loop.wake.set()
-            return deferred
         return deferred
 
     async def _workload_conditions(self, o: lifecycle.Observed, conditions: Mapping[str, tuple[str, str, str]],
@@ -629,7 +659,13 @@ class Controller:
         when = loop.created.get(name)
         if when is not None and asyncio.get_running_loop().time() - when < CHILD_MEMORY_SECONDS:
             return False
-        created = await self.api.create(collection, body, owner=loop.key) is not None
+        try:
+            created = await self.api.create(collection, body, owner=loop.key) is not None
+        except kube.KubeError as e:
+            refusal = refusal_of(e, body)
+            if refusal is not None:
+                raise Refused(refusal) from e
+            raise
         if not created:
             existing = await self.api.get(f"{collection}/{name}")
             if existing is not None and names.owner_uid(existing) != job.uid:
@@ -639,11 +675,11 @@ class Controller:
         return created
 
     async def _create_pods(self, loop: JobLoop, job: JobRef, spec: Any, plan: lifecycle.Plan,
-                           flavors: list[dict[str, Any]]) -> str | None:
+                           flavors: list[dict[str, Any]]) -> lifecycle.Refusal | None:
         """Creates the plan's pods concurrently.
 
         Returns:
-            The API server's message if it rejected a pod as invalid (400/422), else None.
+            The API server's refusal of the lowest-ranked pod it refused (400, 403, 422), else None.
         """
         ns = job.namespace
         clock = asyncio.get_running_loop().time()
@@ -660,10 +696,14 @@ class Controller:
 
         results = await asyncio.gather(*(create(r) for r in ranks), return_exceptions=True)
         taken: list[str] = []
-        for rank, result in zip(ranks, results):
+        refused: lifecycle.Refusal | None = None
+        for i, (rank, result) in enumerate(zip(ranks, results)):
             name = names.pod_name(job, plan.restart, rank)
-            if isinstance(result, kube.KubeError) and result.status in (400, 422):
-                return f"the API server rejected pod {name}: {result.message}"
+            refusal = refusal_of(result, {"kind": "Pod", "metadata": {"name": name}}, rank)
+            if refusal is not None:
+                refused = refused or refusal
+                results[i] = None  # said in the next pass, not raised
+                continue
             if result is None:
                 taken.append(name)
             if not isinstance(result, BaseException):
@@ -673,7 +713,7 @@ class Controller:
         if taken:
             await self._check_taken(loop, job, taken)
         self._raise_first(results)
-        return None
+        return refused
 
     async def _check_taken(self, loop: JobLoop, job: JobRef, taken: list[str]) -> None:
         """Pods whose names were taken: ours (created by an earlier pass) or, rarely, a stranger's."""

@@ -219,7 +219,7 @@ def test_a_refused_pod_fails_the_job_in_the_next_pass_with_one_patch_each():
     api = FakeApi(job_body(), reject_pods=True)
     c, loop = make(api)
     run_pass(c, loop)
-    assert loop.rejection and "spec.containers[1].image" in loop.rejection
+    assert loop.rejection and "spec.containers[1].image" in loop.rejection.message
     run_pass(c, loop)
     st = api.job["status"]
     assert st["phase"] == "Failed"

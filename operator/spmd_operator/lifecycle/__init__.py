@@ -18,7 +18,9 @@ Phases (``status.phase``) and which policy moves between them::
     active --suspend: spec.suspend--> Suspended (every pod deleted)
     Suspended --suspend: spec.suspend false, old pods gone--> Pending (same attempt)
     Succeeded/Failed --finished: ttlSecondsAfterFinished passed--> the job is deleted
-    any --admission: invalid spec, or a pod refused by the API server--> Failed (InvalidSpec)
+    any --admission: invalid spec, or a pod refused by the API server as invalid--> Failed (InvalidSpec)
+    Pending/Restarting --refusal: a child refused (403: quota, Pod Security ...)--> same phase, saying
+        why, retried with back-off; an incomplete gang's pods released after a bound
 
 While a job is active, :mod:`.children` keeps its ConfigMap and its attempt's master Service in
 place. Module by module: admission, finished (and TTL), suspend, deadline, failure, completion,
@@ -27,7 +29,7 @@ gang, children.
 
 from __future__ import annotations
 
-from . import admission, children, completion, deadline, failure, finished, gang, suspend
+from . import admission, children, completion, deadline, failure, finished, gang, refusal, suspend
 from .model import (
     CONDITION_TYPES,
     CONFIGMAP_CURRENT,
@@ -50,6 +52,7 @@ from .model import (
     Observed,
     Plan,
     PodInfo,
+    Refusal,
     WorkloadInfo,
     child_info,
     format_time,
@@ -81,6 +84,7 @@ __all__ = [
     "Observed",
     "Plan",
     "PodInfo",
+    "Refusal",
     "WorkloadInfo",
     "child_info",
     "format_time",
@@ -124,4 +128,5 @@ def reconcile(o: Observed) -> Plan:
         return p.plan()
     gang.progress(p)
     children.ensure(p)
+    refusal.handle(p)
     return p.plan()

@@ -8,6 +8,17 @@ there is one, else a disruption (the cluster took a pod away; the other ranks' e
 consequence), else the rank whose trainer terminated first. Whether it is permanent is
 :func:`monarch_spmd.policy.is_permanent`, the rule the local runner applies too.
 
+A container that cannot start (ErrImagePull, ImagePullBackOff, CreateContainerConfigError ...:
+:data:`monarch_spmd.policy.START_FAILURE_REASONS`) fails the attempt once the problem has lasted
+:data:`~monarch_spmd.policy.START_FAILURE_SECONDS`, counted from when the operator first saw it,
+not from the pod's creation (a pod that waited an hour for a node and then met one pull error is
+not failed at once). When it was first seen is kept in ``status.startFailures`` (an operator
+restart does not reset it); a problem that clears (the container starts, or waits for another
+reason) is forgotten. Such a failure is retryable (a registry that was down, a Secret created
+late) unless :func:`monarch_spmd.policy.start_failure_is_permanent` says otherwise
+(CreateContainerConfigError, or a reason in ``permanentReasons``); InvalidImageName and
+ErrImageNeverPull fail at once.
+
 On a retryable failure the whole gang is replaced (every pod deleted, the next attempt created
 by :mod:`.gang`), unless ``maxRestarts`` is used up. Disruptions (preemption, eviction, node
 drain or loss: the pod condition DisruptionTarget) restart the gang without using up
@@ -24,7 +35,7 @@ from typing import Any, Final
 from monarch_spmd import policy
 
 from .. import names
-from . import gang
+from . import gang, refusal
 from .model import (
     FAILED,
     PENDING,
@@ -96,36 +107,39 @@ class Failure:
         return out
 
 
-def _stuck(p: Pass, pod: PodInfo) -> tuple[str, str] | None:
-    """A Pending pod that has waited past its limit: (reason, message), else None.
+def _stuck(p: Pass, pod: PodInfo, starts: dict[str, dict[str, Any]]) -> tuple[str, str, bool] | None:
+    """A Pending pod that has waited past its limit: (reason, message, permanent), else None.
 
-    A container that cannot start (the image cannot be pulled, a ConfigMap or Secret it needs is
-    missing) fails the job after START_FAILURE_SECONDS; a pod the scheduler cannot place fails it
-    after ``spec.scheduling.timeoutSeconds``, when set. Until then the pass asks to be woken when
-    the limit passes.
+    A container that cannot start fails the attempt once the problem has lasted
+    START_FAILURE_SECONDS since it was first seen (``starts``, from status.startFailures, gets
+    the pod's entry); a pod the scheduler cannot place fails the job after
+    ``spec.scheduling.timeoutSeconds`` since its creation, when set. Until then the pass asks to
+    be woken when the limit passes.
     """
     if pod.phase != PENDING:
         return None
-    created = parse_time(pod.created)
-    if created is None:
-        return None
-    age = (p.now - created).total_seconds()
-    limit: float | None = None
-    reason = message = ""
     if pod.reason in policy.START_FAILURE_REASONS:
-        limit, reason = policy.START_FAILURE_SECONDS, pod.reason or ""
-        message = (f"the container could not start for {int(age)}s (limit {int(limit)}s): "
-                   f"{pod.message or pod.reason}")
-    elif pod.unschedulable and p.spec.scheduling_timeout_seconds is not None:
-        limit, reason = float(p.spec.scheduling_timeout_seconds), REASON_SCHEDULING_TIMEOUT
-        message = (f"the pod could not be scheduled within spec.scheduling.timeoutSeconds "
-                   f"({int(limit)}s): {pod.unschedulable}")
-    if limit is None:
-        return None
-    if age < limit:
-        p.requeue.append(limit - age)
-        return None
-    return reason, message
+        seen = parse_time((p.o.status.get("startFailures") or {}).get(pod.name, {}).get("since"))
+        since = seen or p.now
+        starts[pod.name] = {"reason": pod.reason or "", "since": format_time(since)}
+        limit = policy.START_FAILURE_SECONDS
+        waited = (p.now - since).total_seconds()
+        if waited < limit:
+            p.requeue.append(limit - waited)
+            return None
+        message = (f"the container could not start for {int(waited)}s since {format_time(since)} "
+                   f"(limit {int(limit)}s): {pod.message or pod.reason}")
+        return pod.reason or "", message, policy.start_failure_is_permanent(p.spec, pod.reason)
+    created = parse_time(pod.created)
+    if pod.unschedulable and p.spec.scheduling_timeout_seconds is not None and created is not None:
+        limit = float(p.spec.scheduling_timeout_seconds)
+        waited = (p.now - created).total_seconds()
+        if waited < limit:
+            p.requeue.append(limit - waited)
+            return None
+        return REASON_SCHEDULING_TIMEOUT, (f"the pod could not be scheduled within spec.scheduling.timeoutSeconds "
+                                           f"({int(limit)}s): {pod.unschedulable}"), True
+    return None
 
 
 def failures(p: Pass) -> list[Failure]:
@@ -133,11 +147,13 @@ def failures(p: Pass) -> list[Failure]:
     out: list[Failure] = []
     spec = p.spec
     current = p.current()
+    starts: dict[str, dict[str, Any]] = {}
+    releasing = refusal.released(p)
     for index, pod in current.items():
         fatal_wait = pod.phase == PENDING and pod.reason in policy.FATAL_REASONS
-        stuck = None if fatal_wait else _stuck(p, pod)
+        stuck = None if fatal_wait else _stuck(p, pod, starts)
         if stuck is not None:
-            out.append(Failure(pod.rank, pod.name, pod.node, None, stuck[0], stuck[1], True, False, False,
+            out.append(Failure(pod.rank, pod.name, pod.node, None, stuck[0], stuck[1], stuck[2], False, False,
                                (0, "~", index)))
         elif pod.phase == FAILED or fatal_wait:
             reason = pod.reason or ("Error" if pod.exit_code else "Failed")
@@ -151,7 +167,7 @@ def failures(p: Pass) -> list[Failure]:
             out.append(Failure(pod.rank, pod.name, pod.node, pod.exit_code, REASON_MONARCH_HOST_EXITED, message,
                                policy.is_permanent(spec, None, REASON_MONARCH_HOST_EXITED), False, False,
                                (0, pod.finished_at or "~", index)))
-        elif pod.deleting and pod.phase != SUCCEEDED:
+        elif pod.deleting and pod.phase != SUCCEEDED and not releasing:
             reason = pod.reason if pod.disrupted and pod.reason else REASON_POD_DELETED
             message = pod.message if pod.disrupted else (
                 "the pod was deleted (evicted, drained or deleted by hand) before it finished")
@@ -172,6 +188,10 @@ def failures(p: Pass) -> list[Failure]:
             out.append(Failure(rank, names.pod_name(p.o.job, p.restart, index), was.node if was else None, None,
                                REASON_POD_MISSING, "the pod disappeared while the job was running",
                                policy.is_permanent(spec, None, REASON_POD_MISSING), False, True, (2, "~", index)))
+    if starts:
+        p.new["startFailures"] = starts
+    else:
+        p.new.pop("startFailures", None)
     # Root cause first: a permanent failure, else a disruption, else the earliest.
     return sorted(out, key=lambda f: (not f.permanent, not f.disruption, f.order))
 

@@ -256,6 +256,30 @@ def workload_info(body: Mapping[str, Any]) -> WorkloadInfo:
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """The API server refused to create a child of the job (what :mod:`.refusal` acts on).
+
+    Attributes:
+        kind: the child's kind: Pod, Service, ConfigMap, PodGroup or Workload.
+        name: the child's name.
+        code: the HTTP status: 403 (a ResourceQuota, Pod Security admission, another admission
+            plugin or RBAC said no), 400 or 422 (the object is invalid).
+        reason: the Status reason (Forbidden, Invalid, BadRequest ...).
+        message: the API server's message.
+        at: when it happened (RFC 3339): a refusal seen again in a later pass is not a new one.
+        index: a pod's index in its attempt, else None.
+    """
+
+    kind: str
+    name: str
+    code: int
+    reason: str
+    message: str
+    at: str
+    index: int | None = None
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything one reconcile pass reads.
 
@@ -271,8 +295,11 @@ class Observed:
         configmap: whether the payload ConfigMap is missing, stale or current.
         podgroups: the job's PodGroups (Volcano or coscheduling), one per attempt.
         workload: the job's Kueue Workload, None when it does not exist.
-        rejection: the API server's message when it refused a pod built from the template in
-            the previous pass (what neither the CRD nor the parser can check), else None.
+        rejection: the API server's latest refusal to create a child (a pod built from the
+            template, its Service, ConfigMap, PodGroup or Workload), from the previous pass;
+            None once a pass created what it tried to.
+        outdated: what the spec breaks of rules that came after the job was stored (the spec
+            parsed anyway: :func:`monarch_spmd.spec.parse_stored`).
         unavailable: (reason, message) when an optional API the job names (Kueue Workloads,
             PodGroups) cannot be used: forbidden by RBAC or not installed; else None.
         now: the current time (timezone-aware).
@@ -288,7 +315,8 @@ class Observed:
     configmap: str = CONFIGMAP_CURRENT
     podgroups: tuple[ChildInfo, ...] = ()
     workload: WorkloadInfo | None = None
-    rejection: str | None = None
+    rejection: Refusal | None = None
+    outdated: tuple[SpecError, ...] = ()
     unavailable: tuple[str, str] | None = None
     now: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc))
 
@@ -313,6 +341,7 @@ class Plan:
         delete_pods: names of pods to delete (a 404 is success).
         delete_services: names of Services to delete (those of attempts other than the current).
         configmap: create the payload ConfigMap, or bring it up to date.
+        delete_configmap: delete the payload ConfigMap (the job finished).
         service: the attempt whose master Service must be created (it is missing), or None.
         podgroup: the attempt whose PodGroup must be created (it is missing), or None.
         delete_podgroups: names of PodGroups of other attempts to delete.
@@ -333,6 +362,7 @@ class Plan:
     delete_pods: tuple[str, ...] = ()
     delete_services: tuple[str, ...] = ()
     configmap: bool = False
+    delete_configmap: bool = False
     service: int | None = None
     podgroup: int | None = None
     delete_podgroups: tuple[str, ...] = ()

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 
 import pytest
 
 from spmd_operator import names
 
-from .helpers import JOB, apply, cond, events, gang, pod, pod_name, run, spec, status
+from .helpers import JOB, NOW, apply, cond, events, gang, pod, pod_name, run, spec, status
 
 
 def test_retryable_failure_replaces_the_whole_gang():
@@ -189,3 +190,65 @@ def test_a_per_host_pods_failure_names_the_rank_its_worker_named():
     new = apply(st, run(s=s, st=st, pods=pods))
     assert new["phase"] == "Restarting"
     assert (new["failure"]["rank"], new["failure"]["pod"], new["failure"]["exitCode"]) == (3, pod_name(2), 3)
+
+
+# --- start failures: measured from when the problem was first seen -------------------------------
+
+ERR = 'rpc error: code = Unknown desc = failed to pull and unpack image "registry/train:1": 503 Service Unavailable'
+
+
+def _pulling(rank=1, reason="ErrImagePull", created="2026-01-01T11:40:00Z"):
+    """A pod that waited 20 minutes (unschedulable until a node came) and now cannot pull its image."""
+    return pod(rank, "Pending", reason=reason, message=ERR, created=created)
+
+
+def test_a_transient_pull_error_after_a_long_wait_does_not_fail_the_job_at_once():
+    st = status("Pending")
+    pods = gang("Pending")[:1] + [_pulling()] + gang("Pending")[2:]
+    plan = run(st=st, pods=pods)
+    new = apply(st, plan)
+    assert new["phase"] == "Pending", new.get("failure")
+    assert "failure" not in new
+    assert new["startFailures"][pod_name(1)]["since"] == "2026-01-01T12:00:00Z"
+
+
+def test_the_first_seen_time_is_kept_in_status_so_an_operator_restart_does_not_reset_it():
+    st = status("Pending", startFailures={pod_name(1): {"reason": "ImagePullBackOff", "since": "2026-01-01T11:56:00Z"}})
+    pods = gang("Pending")[:1] + [_pulling(reason="ImagePullBackOff")] + gang("Pending")[2:]
+    plan = run(st=st, pods=pods)
+    assert plan.requeue_after == pytest.approx(60), "the wait goes on from 11:56, not from this pass"
+    assert "startFailures" not in plan.status, "ErrImagePull and ImagePullBackOff alternate: one problem"
+    new = apply(st, run(st=st, pods=pods, now=NOW + dt.timedelta(seconds=60)))
+    assert new["phase"] == "Restarting" and new["failure"]["reason"] == "ImagePullBackOff"
+
+
+def test_a_problem_that_clears_resets_the_clock():
+    st = status("Pending", startFailures={pod_name(1): {"reason": "ErrImagePull", "since": "2026-01-01T11:50:00Z"}})
+    pulled = pod(1, "Pending", reason="ContainerCreating", created="2026-01-01T11:40:00Z")
+    new = apply(st, run(st=st, pods=gang("Pending")[:1] + [pulled] + gang("Pending")[2:]))
+    assert "startFailures" not in new
+    again = apply(new, run(st=new, pods=gang("Pending")[:1] + [_pulling()] + gang("Pending")[2:]))
+    assert again["phase"] == "Pending"
+    assert again["startFailures"][pod_name(1)]["since"] == "2026-01-01T12:00:00Z"
+
+
+@pytest.mark.parametrize(("reason", "listed", "permanent"), [
+    ("ErrImagePull", (), False),
+    ("CreateContainerError", (), False),
+    ("CreateContainerConfigError", (), True),
+    ("ErrImagePull", ("ErrImagePull",), True),
+])
+def test_a_start_failure_is_retryable_unless_its_reason_is_permanent(reason, listed, permanent):
+    s = spec(restartPolicy={"permanentReasons": list(listed)}) if listed else spec()
+    st = status("Pending", startFailures={pod_name(1): {"reason": reason, "since": "2026-01-01T11:55:00Z"}})
+    new = apply(st, run(s=s, st=st, pods=gang("Pending")[:1] + [_pulling(reason=reason)] + gang("Pending")[2:]))
+    assert new["failure"]["reason"] == reason
+    assert new["failure"]["permanent"] is permanent
+    assert new["phase"] == ("Failed" if permanent else "Restarting")
+
+
+def test_invalid_image_name_still_fails_at_once():
+    st = status("Pending")
+    bad = pod(1, "Pending", reason="InvalidImageName", message="couldn't parse image name", created="2026-01-01T11:59:59Z")
+    new = apply(st, run(st=st, pods=gang("Pending")[:1] + [bad] + gang("Pending")[2:]))
+    assert new["phase"] == "Failed" and new["failure"]["reason"] == "InvalidImageName"

@@ -143,19 +143,23 @@ def test_a_per_host_job_has_one_pod_per_host_and_counts_procs():
     assert (new["phase"], new["running"]) == ("Running", 4)
 
 
-def test_a_container_that_cannot_start_fails_the_job_after_the_limit():
+def test_a_container_that_cannot_start_fails_the_attempt_after_the_limit_from_when_it_was_first_seen():
     st = status("Pending")
-    young = pod(1, "Pending", reason="ImagePullBackOff", message='Back-off pulling image "nope:1"',
-                created="2026-01-01T11:58:00Z")
-    plan = run(st=st, pods=gang("Pending")[:1] + [young] + gang("Pending")[2:])
+    stuck = pod(1, "Pending", reason="ImagePullBackOff", message='Back-off pulling image "nope:1"',
+                created="2026-01-01T11:00:00Z")
+    pods = gang("Pending")[:1] + [stuck] + gang("Pending")[2:]
+    plan = run(st=st, pods=pods)
     new = apply(st, plan)
     assert new["phase"] == "Pending" and cond(new, "Running")["reason"] == "ImagePullBackOff"
-    assert plan.requeue_after == pytest.approx(180), "woken when the 300 s limit passes"
-    old = dataclasses.replace(young, created="2026-01-01T11:54:00Z")
-    new = apply(st, run(st=st, pods=gang("Pending")[:1] + [old] + gang("Pending")[2:]))
-    assert new["phase"] == "Failed"
-    assert (new["failure"]["reason"], new["failure"]["permanent"]) == ("ImagePullBackOff", True)
-    assert 'pulling image "nope:1"' in new["failure"]["message"]
+    assert new["startFailures"] == {pod_name(1): {"reason": "ImagePullBackOff", "since": "2026-01-01T12:00:00Z"}}
+    assert plan.requeue_after == pytest.approx(300), "woken when the 300 s limit passes, counted from now"
+    later = apply(new, run(st=new, pods=pods, now=NOW + dt.timedelta(seconds=299)))
+    assert later["phase"] == "Pending"
+    failed = apply(new, run(st=new, pods=pods, now=NOW + dt.timedelta(seconds=300)))
+    assert failed["phase"] == "Restarting", "retryable: the gang is replaced, a restart used"
+    assert (failed["failure"]["reason"], failed["failure"]["permanent"]) == ("ImagePullBackOff", False)
+    assert 'pulling image "nope:1"' in failed["failure"]["message"]
+    assert "since 2026-01-01T12:00:00Z" in failed["failure"]["message"]
 
 
 def test_scheduling_timeout_fails_a_job_that_cannot_be_placed():
