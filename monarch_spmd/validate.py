@@ -31,7 +31,7 @@ import re
 import struct
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final
 
@@ -194,6 +194,7 @@ class _Outcome:
     errors: int = 0
     usage: int = 0
     jobs: int = 0
+    stored: dict[str, Any] = field(default_factory=dict)  # --old: name -> the job as stored
 
 
 def _jobs(docs: list[Any]) -> Iterator[tuple[str, Any]]:
@@ -259,7 +260,8 @@ def check_file(path: str, out: _Outcome, *, in_folder: bool = False) -> None:
     out.jobs += len(jobs)
     bad = 0
     for label, doc in jobs:
-        _, errors = spec.check_manifest(doc, require_image=True)
+        old = out.stored.get(_name(doc), spec.MISSING)  # --old: an update of the stored object
+        _, errors = spec.check_manifest(doc, require_image=True, old=old)
         for error in errors:
             print(f"{shown}: {label} ({_name(doc)}): {error}")
         bad += bool(errors)
@@ -318,6 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a manifest, a folder of manifests (.yaml, .yml, .json) or - for standard input; repeatable")
     parser.add_argument("-R", "--recursive", action="store_true", help="also the manifests of a folder's subfolders")
     parser.add_argument("paths", nargs="*", metavar="FILE|DIR", help="more manifests or folders (as with -f)")
+    parser.add_argument("--old", metavar="FILE", help="the jobs as stored (kubectl get spmdjob NAME -o yaml): check "
+                        "the manifests as updates of them, by name (the fields that shape the pods change only while "
+                        "the job is suspended)")
     return parser
 
 
@@ -329,6 +334,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not paths:
         parser.error("no file given: -f FILE, a folder or - for standard input")
     out = _Outcome()
+    if opts.old:
+        try:
+            out.stored = {_name(doc): doc for _, doc in _jobs(load_documents(_read(opts.old)))}
+        except (OSError, yaml.YAMLError, ValueError, UnicodeDecodeError) as e:
+            print(f"{opts.old}: cannot read the stored jobs: {' '.join(str(e).split())}", file=sys.stderr)
+            return 2
     for path in paths:
         check_path(path, out, opts.recursive)
     return 2 if out.usage else 1 if out.errors else 0
