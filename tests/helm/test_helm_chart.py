@@ -203,6 +203,12 @@ def test_test_hook_runs_a_tiny_cpu_allreduce(render):
         "image": "monarch-spmd/worker-cpu:0.1.0",
         "gpusPerProc": 0,
         "restartPolicy": {"maxRestarts": 0},
+        # Pod Security "restricted" (docs/pod-security.md): helm test passes in such a namespace.
+        "template": {"spec": {
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "trainer", "securityContext": {"allowPrivilegeEscalation": False,
+                                                                   "capabilities": {"drop": ["ALL"]}}}]}},
     }
     pod = one(objects, "Pod")
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
