@@ -702,7 +702,8 @@ class Agent:
                 elif kind == rendezvous.STOP and r == self.round:
                     if state == "running" and self.group is not None and not self.group.finished:
                         state = "stopping"
-                        self.group.stop()
+                        if not self.received:  # a signal already told them: no second one mid-checkpoint
+                            self.group.stop()
                     elif state in ("running", "waiting"):
                         state = "joining"
                         self.round += 1

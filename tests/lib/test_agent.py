@@ -1,0 +1,308 @@
+"""Restart in place with real workers, as pods run them: one worker process per "pod", started by
+hand with the inputs the operator gives pods, real sockets to the coordinator in rank 0's worker,
+real training processes (gloo). What the operator will do (replace one pod, recreate the gang) is
+done here by hand, and an observer reads the coordinator's events as the operator will.
+
+docs/restart-in-place.md is what these tests hold the code to."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import threading
+import time
+
+import pytest
+
+from monarch_spmd.payload import agent, rendezvous
+
+from .conftest import alive, free_port, wait_dead, worker_cmd, worker_inputs
+
+PROGRAMS = "tests.programs"
+
+
+class Events:
+    """An observer of a coordinator: every message, in order, and a way to wait for one."""
+
+    def __init__(self, port: int) -> None:
+        self.messages: list[dict] = []
+        self.cond = threading.Condition()
+        self.observer = agent.Observer("127.0.0.1", port, self._on, retry_until=time.monotonic() + 60)
+        self.observer.start()
+
+    def _on(self, message: dict) -> None:
+        with self.cond:
+            self.messages.append(message)
+            self.cond.notify_all()
+
+    def of(self, kind: str) -> list[dict]:
+        with self.cond:
+            return [m for m in self.messages if m["type"] == kind]
+
+    def wait(self, kind: str, count: int = 1, timeout: float = 120.0, **fields) -> dict:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                found = [m for m in self.messages if m["type"] == kind and all(m.get(k) == v for k, v in fields.items())]
+                if len(found) >= count:
+                    return found[count - 1]
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"no {count} {kind} event(s) with {fields}; got {self.messages}")
+                self.cond.wait(min(left, 0.2))
+
+    def close(self) -> None:
+        self.observer.stop()
+
+
+class Gang:
+    """Worker processes started as pods: ``pods`` of them for ``mesh``, sharing one coordinator."""
+
+    def __init__(self, spawn, mesh: str, argv: list[str], layout: str = "PerProc", **extra: str) -> None:
+        self.spawn = spawn
+        self.mesh = mesh
+        self.argv = argv
+        self.layout = layout
+        self.master_port = free_port()
+        self.agent_port = free_port()
+        while self.agent_port == self.master_port:
+            self.agent_port = free_port()
+        self.extra = {"MONARCH_SPMD_STOP_GRACE": "3", "MONARCH_SPMD_BACKOFF_SECONDS": "0", **extra}
+        sizes = [int(d.split("=")[1]) for d in mesh.split(",")]
+        self.pods = sizes[0] if layout == "PerHost" or len(sizes) == 1 else sizes[0] * sizes[1]
+        self.workers: dict[int, object] = {}
+
+    def coords(self, index: int) -> str:
+        sizes = [int(d.split("=")[1]) for d in self.mesh.split(",")]
+        if self.layout == "PerHost":
+            return str(index) if len(sizes) > 1 else ""
+        out, r = [], index
+        for size in reversed(sizes):
+            r, c = divmod(r, size)
+            out.append(str(c))
+        return ",".join(reversed(out))
+
+    def start(self, index: int, **extra: str):
+        env = worker_inputs(self.mesh, self.coords(index), self.master_port, MONARCH_SPMD_AGENT_PORT=str(self.agent_port),
+                            MONARCH_SPMD_POD_LAYOUT=self.layout, **{**self.extra, **extra})
+        self.workers[index] = self.spawn(worker_cmd(*self.argv), env=env)
+        return self.workers[index]
+
+    def start_all(self) -> Gang:
+        for i in range(self.pods):
+            self.start(i)
+        return self
+
+
+def pids_of(text: str, pattern: str) -> set[int]:
+    return {int(p) for p in re.findall(pattern, text)}
+
+
+def test_a_failed_rank_restarts_the_gang_in_place_and_training_resumes_over_gloo(spawn, tmp_path):
+    gang = Gang(spawn, "hosts=2,gpus=2", ["-m", f"{PROGRAMS}.resume_training", "--checkpoint-dir", str(tmp_path),
+                                         "--steps", "4", "--fail-rank", "3", "--fail-step", "2"],
+                layout="PerHost", MONARCH_SPMD_MAX_RESTARTS="2").start_all()
+    events = Events(gang.agent_port)
+    try:
+        codes = [w.finish(180) for w in gang.workers.values()]
+        text = "".join(w.text for w in gang.workers.values())
+        assert codes == [0, 0], text
+        # Every rank started twice, in the same two worker processes ("pods"), and resumed from its checkpoint.
+        for rank in range(4):
+            assert re.search(rf"\[rank {rank}\] resume_training rank {rank} pid \d+ restart 0 from step 0", text), text
+            assert re.search(rf"\[rank {rank}\] resume_training rank {rank} pid \d+ restart 1 from step 2", text), text
+            assert f"[rank {rank}] resume_training rank {rank} done at step 4 (restart 1, all_reduce sum ok)" in text
+        assert text.count("monarch-spmd worker: ranks ") == 2, "each worker started once: the restart was in place"
+        assert "monarch-spmd worker: restart 1: starting ranks 2..3 again (TORCHELASTIC_RESTART_COUNT=1)" in text
+        # The observer saw what the operator will turn into one status patch, one Event and a metric.
+        failure = events.wait(rendezvous.EV_FAILURE)
+        assert (failure["round"], failure["rank"], failure["member"], failure["exit_code"], failure["reason"]) == (0, 3, 1, 3, "Error")
+        assert "failing at step 2" in failure["tail"][-1]
+        restart = events.wait(rendezvous.EV_RESTART)
+        assert (restart["next_round"], restart["rank"], restart["counted"], restart["max_restarts"]) == (1, 3, 1, 2)
+        again = events.wait(rendezvous.EV_ALL_RUNNING, round=1)
+        assert 0 <= again["seconds_since_failure"] < 60
+        events.wait(rendezvous.EV_SUCCEEDED)
+        stopped = {row["rank"]: row for e in events.of(rendezvous.EV_EXITED) if e["round"] == 0 for row in e["procs"]}
+        assert stopped[3]["exit_code"] == 3 and not stopped[3]["stopped"]
+        assert all(stopped[r]["stopped"] for r in (0, 1, 2)), stopped
+    finally:
+        events.close()
+
+
+def test_no_process_of_a_new_round_starts_before_every_old_one_is_gone(spawn, tmp_path):
+    # Rank 0 takes 2 s to stop (it "checkpoints" on SIGTERM); rank 1 fails at once. The new rank 1
+    # must not start before the old rank 0 has exited, though its own worker was ready long before.
+    log = tmp_path / "times"
+    gang = Gang(spawn, "hosts=2", ["-m", f"{PROGRAMS}.barrier_probe", "--log", str(log)],
+                MONARCH_SPMD_MAX_RESTARTS="1").start_all()
+    codes = [w.finish(120) for w in gang.workers.values()]
+    assert codes == [0, 0], "".join(w.text for w in gang.workers.values())
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    old_exits = [r["t"] for r in records if r["event"] == "exit" and r["restart"] == 0]
+    new_starts = [r["t"] for r in records if r["event"] == "start" and r["restart"] == 1]
+    assert len(old_exits) == 2 and len(new_starts) == 2, records
+    assert min(new_starts) > max(old_exits), records
+
+
+def test_a_lost_worker_is_replaced_alone_and_the_others_wait_for_it(spawn, tmp_path):
+    gang = Gang(spawn, "hosts=3", ["-m", f"{PROGRAMS}.resume_training", "--checkpoint-dir", str(tmp_path),
+                                   "--steps", "40", "--step-seconds", "0.25"],
+                MONARCH_SPMD_MAX_RESTARTS="2").start_all()
+    events = Events(gang.agent_port)
+    try:
+        events.wait(rendezvous.EV_ALL_RUNNING, round=0)
+        first = {i: w.proc.pid for i, w in gang.workers.items()}
+        os.kill(first[2], signal.SIGKILL)  # the "pod" of rank 2 is lost
+        lost = events.wait(rendezvous.EV_LOST)
+        assert (lost["member"], lost["reason"]) == (2, "Disconnected")
+        restart = events.wait(rendezvous.EV_RESTART)
+        assert (restart["reason"], restart["next_round"]) == ("MemberLost", 1)
+        time.sleep(1.0)
+        assert not events.of(rendezvous.EV_STARTED)[1:], "round 1 waits for the replacement"
+        replacement = gang.start(2, MONARCH_SPMD_RESTART_COUNT="1")
+        joined = events.wait(rendezvous.EV_JOINED, member=2, round=1)
+        assert joined["replacement"] is True
+        events.wait(rendezvous.EV_ALL_RUNNING, round=1)
+        assert [gang.workers[i].finish(180) for i in (0, 1)] == [0, 0]
+        assert replacement.finish(60) == 0
+        text = "".join(w.text for w in gang.workers.values())
+        assert all(alive(first[i]) is False for i in (0, 1)), "they exited at the end"
+        for rank in range(3):
+            assert f"resume_training rank {rank} done at step 40 (restart 1, all_reduce sum ok)" in text, text
+        assert "restart 1: starting rank 0 again" in gang.workers[0].text  # the same worker process, in place
+    finally:
+        events.close()
+
+
+def test_losing_the_coordinator_stops_every_worker_with_75(spawn, tmp_path):
+    gang = Gang(spawn, "hosts=3", ["-m", f"{PROGRAMS}.resume_training", "--checkpoint-dir", str(tmp_path),
+                                   "--steps", "400", "--step-seconds", "0.25", "--grandchild"]).start_all()
+    for w in gang.workers.values():
+        w.wait_for(r"resume_training rank \d grandchild pid")
+    rank0 = int(re.search(r"resume_training rank 0 pid (\d+)", gang.workers[0].text).group(1))
+    os.kill(gang.workers[0].proc.pid, signal.SIGKILL)  # the rank-0 "pod" is lost
+    try:
+        assert [gang.workers[i].finish(60) for i in (1, 2)] == [75, 75]
+        text = gang.workers[1].text + gang.workers[2].text
+        assert "lost the coordinator at 127.0.0.1" in text and "(CoordinatorLost); the gang must be recreated" in text
+        # Every worker, rank and grandchild of the other pods is gone, and rank 0 died with its worker
+        # (in a pod, the container's end takes rank 0's own children with it).
+        pids = pids_of(gang.workers[1].text + gang.workers[2].text, r"(?:pid|grandchild pid) (\d+)") | {rank0}
+        assert len(pids) == 7, pids
+        assert wait_dead(pids, 15) == set() and not any(_running(p) for p in pids)
+    finally:
+        try:
+            os.killpg(rank0, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_round_that_never_closes_falls_back_to_recreating_the_gang(spawn, tmp_path):
+    gang = Gang(spawn, "hosts=2", ["-m", f"{PROGRAMS}.fail_once", "--rank", "9", "--sleep", "600", "--no-rendezvous"],
+                MONARCH_SPMD_MAX_RESTARTS="3", MONARCH_SPMD_JOIN_TIMEOUT="3").start_all()
+    events = Events(gang.agent_port)
+    try:
+        events.wait(rendezvous.EV_ALL_RUNNING)
+        os.kill(gang.workers[1].proc.pid, signal.SIGKILL)  # lost, and nobody replaces it
+        assert gang.workers[0].finish(60) == 75
+        failed = events.wait(rendezvous.EV_FAILED)
+        assert (failed["reason"], failed["fallback"], failed["round"]) == ("RoundTimeout", True, 1)
+        assert "member(s) 1 never joined" in failed["message"]
+        assert "the gang must be recreated: RoundTimeout" in gang.workers[0].text
+    finally:
+        events.close()
+
+
+def test_the_same_pod_failing_in_place_again_and_again_recreates_the_gang(spawn):
+    gang = Gang(spawn, "hosts=2", ["-m", f"{PROGRAMS}.fail_once", "--rank", "1", "--always", "--no-rendezvous"],
+                MONARCH_SPMD_MAX_RESTARTS="10", MONARCH_SPMD_MEMBER_FAILURE_LIMIT="2").start_all()
+    events = Events(gang.agent_port)
+    try:
+        assert [w.finish(120) for w in gang.workers.values()] == [75, 75]
+        failed = events.wait(rendezvous.EV_FAILED)
+        assert (failed["reason"], failed["member"], failed["fallback"], failed["round"]) == ("RepeatedFailure", 1, True, 1)
+        assert len(events.of(rendezvous.EV_RESTART)) == 1
+    finally:
+        events.close()
+
+
+def test_the_watchdog_kills_a_hung_rank_and_the_gang_restarts(spawn):
+    gang = Gang(spawn, "nodes=1,procs=2", ["-m", f"{PROGRAMS}.watchdog_hang", "--timeout", "2", "--hang-rank", "1"],
+                layout="PerHost", MONARCH_SPMD_MAX_RESTARTS="1", TORCHELASTIC_ENABLE_FILE_TIMER="1")
+    gang.start_all()
+    events = Events(gang.agent_port)
+    try:
+        assert gang.workers[0].finish(120) == 0, gang.workers[0].text
+        failure = events.wait(rendezvous.EV_FAILURE)
+        assert (failure["rank"], failure["reason"], failure["signal"]) == (1, "WatchdogTimeout", "SIGKILL")
+        assert "watchdog timer 'step1' of rank 1" in failure["message"]
+        text = gang.workers[0].text
+        assert "[rank 1] watchdog_hang rank 1 done (restart 1)" in text
+        timer_file = re.search(r"timer (\S+)", text).group(1)
+        assert not os.path.exists(timer_file), "the pipe is removed with the agent"
+    finally:
+        events.close()
+
+
+def test_a_rank_without_output_for_the_progress_timeout_fails_the_round(spawn):
+    gang = Gang(spawn, "hosts=2", ["-m", f"{PROGRAMS}.hang", "--rank", "1", "--seconds", "4"],
+                MONARCH_SPMD_MAX_RESTARTS="1", MONARCH_SPMD_PROGRESS_TIMEOUT="2").start_all()
+    events = Events(gang.agent_port)
+    try:
+        assert [w.finish(120) for w in gang.workers.values()] == [0, 0]
+        failure = events.wait(rendezvous.EV_FAILURE)
+        assert (failure["rank"], failure["reason"]) == (1, "NoProgress")
+        assert "rank 1 wrote nothing for 2s" in failure["message"] and "last line: hang rank 1: about to hang" in failure["message"]
+        progress = events.of(rendezvous.EV_PROGRESS)
+        assert all(p["seconds_since_progress"] >= 0 for p in progress)
+        assert "hang rank 1 done (restart 1)" in gang.workers[1].text
+    finally:
+        events.close()
+
+
+def test_the_observer_protocol_welcome_history_and_refusals(spawn, tmp_path):
+    gang = Gang(spawn, "hosts=2", ["-m", f"{PROGRAMS}.fail_once", "--rank", "1", "--sleep", "5"],
+                MONARCH_SPMD_MAX_RESTARTS="1").start_all()
+    first = Events(gang.agent_port)
+    try:
+        first.wait(rendezvous.EV_ALL_RUNNING, round=1)
+        late = Events(gang.agent_port)  # an operator that (re)connects after the restart
+        welcome = late.wait(rendezvous.WELCOME)
+        assert (welcome["v"], welcome["members"], welcome["world_size"], welcome["round"], welcome["first_round"]) == (1, 2, 2, 1, 0)
+        kinds = [e["type"] for e in welcome["history"]]
+        assert kinds[:4] == ["round", "started", "all_running", "failure"] and "restart" in kinds
+        assert [e["seq"] for e in welcome["history"]] == sorted(e["seq"] for e in welcome["history"])
+        late.close()
+        for hello, reason in ((b'{"type":"hello","role":"observer","versions":[9]}\n', "versions [9]"),
+                              (b'{"type":"join","round":0}\n', "the first message must be hello"),
+                              (b'{"type":"hello","role":"member","member":7,"versions":[1]}\n', "member id in 0..1"),
+                              (b"garbage\n", "not JSON")):
+            with socket.create_connection(("127.0.0.1", gang.agent_port), timeout=10) as s:
+                s.sendall(hello)
+                answer = json.loads(s.makefile().readline())
+            assert answer["type"] == "refused" and reason in answer["reason"] and answer["versions"] == [1]
+        assert [w.finish(120) for w in gang.workers.values()] == [0, 0]
+        seqs = [m["seq"] for m in first.messages if "seq" in m and m["type"] != "welcome"]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "events come in order, without gaps"
+    finally:
+        first.close()
+
+
+def test_without_a_coordinator_the_first_failure_ends_the_worker_as_before(spawn):
+    env = worker_inputs("hosts=2", "1", MONARCH_SPMD_MAX_RESTARTS="3")
+    proc = spawn(worker_cmd("-m", f"{PROGRAMS}.fail_once", "--rank", "1", "--no-rendezvous"), env=env)
+    assert proc.finish(60) == 3
+    assert "restart 1" not in proc.text
