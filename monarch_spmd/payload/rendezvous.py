@@ -535,7 +535,9 @@ class Coordinator:
         self.outcome = {"type": FAIL, "round": self.round, "rank": info.get("rank"),
                         "member": root.member if root is not None else None, "exit_code": code,
                         "reason": reason, "message": message or info.get("message"), "tail": info.get("tail") or [],
-                        "local_rank": info.get("local_rank"), "permanent": permanent, "exhausted": exhausted,
+                        "local_rank": info.get("local_rank"), "pid": info.get("pid"),
+                        "returncode": info.get("returncode"), "signal": info.get("signal"),
+                        "permanent": permanent, "exhausted": exhausted,
                         "fallback": fallback, "counted": self.round - self.disruptions,
                         "max_restarts": self.policy.max_restarts}
         event = {k: v for k, v in self.outcome.items() if k != "type"}

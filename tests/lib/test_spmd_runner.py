@@ -3,10 +3,13 @@ every rank, manifests, a failing rank stopping the gang (no process left), resta
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import signal
 import textwrap
 
+from monarch_spmd import runner
 from monarch_spmd.payload import worker
 from monarch_spmd.examples import allreduce
 
@@ -271,17 +274,30 @@ def test_suspend_and_cluster_only_env_are_refused_naming_the_field(tmp_path):
 
 def test_what_has_no_local_meaning_is_said_not_silently_dropped(tmp_path):
     job = manifest_file(tmp_path, f"""\
-        mesh: [{{name: procs, size: 1}}]
-        args: ["{script('exit_with.py')}", "0"]
+        mesh: [{{name: procs, size: 2}}]
+        args: ["{script('print_env.py')}"]
         image: registry.example/train:1
+        gpusPerProc: 1
+        shmSize: 2Gi
+        scheduling: {{provider: Kueue, queue: team-a}}
         template:
           spec:
             nodeSelector: {{pool: gpu}}
         """)
     result = run(cli_cmd("run", "-f", job))
     assert result.returncode == 0, result.stderr
-    assert "not used locally" in result.stderr
-    assert "spec.image (registry.example/train:1)" in result.stderr and "spec.template.spec.nodeSelector" in result.stderr
+    notes = [line for line in result.stderr.splitlines() if line.startswith("[monarch-spmd] not used locally: ")]
+    for field in ("spec.image (registry.example/train:1)", "spec.shmSize (2Gi)", "spec.scheduling.provider (Kueue)",
+                  "spec.scheduling.queue (team-a)", "spec.template.spec.nodeSelector"):
+        assert sum(field in n for n in notes) == 1, (field, notes)  # one line per field
+    envs = [json.loads(line.split("] ", 1)[1])["env"] for line in result.stdout.splitlines() if "{" in line]
+    assert len(envs) == 2
+    if runner.visible_gpus() >= 2:  # each rank's worker gets its own GPU, as a pod would
+        assert sorted(e["CUDA_VISIBLE_DEVICES"] for e in envs) == ["0", "1"]
+    else:  # not a made-up CUDA_VISIBLE_DEVICES: a note says there are not enough GPUs here
+        assert all("CUDA_VISIBLE_DEVICES" not in e or e["CUDA_VISIBLE_DEVICES"] == os.environ.get("CUDA_VISIBLE_DEVICES")
+                   for e in envs)
+        assert "[monarch-spmd] spec.gpusPerProc: 1 asks for 2 GPUs in all and this machine has" in result.stderr
 
 
 def test_retryable_exit_codes_are_the_operators_rule(tmp_path):
