@@ -169,8 +169,15 @@ class Rule:
     def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
         raise NotImplementedError
 
+    def message_expression(self) -> str | None:
+        """A CEL expression for the message that names the offending value, or None."""
+        return None
+
     def openapi(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rule": self.cel(), "message": self.message}
+        expression = self.message_expression()
+        if expression:
+            out["messageExpression"] = expression
         if self.field_path:
             out["fieldPath"] = self.field_path
         return out
@@ -408,22 +415,6 @@ class Bool(Node):
 
 
 @dataclass(frozen=True, kw_only=True)
-class AnyValue(Node):
-    """Any JSON value (``x-kubernetes-preserve-unknown-fields`` and no type): what a PodSpec field
-    the API server reads in several forms holds, e.g. a resource quantity (``2``, ``0.5``, ``"2Gi"``).
-    Its rules see ``self`` as CEL's ``dyn``; they check its type themselves."""
-
-    def type_ok(self, value: Any) -> bool:
-        return True
-
-    def describe(self) -> str:
-        return "a value"
-
-    def _openapi_flags(self) -> dict[str, Any]:
-        return {"x-kubernetes-preserve-unknown-fields": True}
-
-
-@dataclass(frozen=True, kw_only=True)
 class Arr(Node):
     """A list of ``items``: ``min_items``/``max_items``; ``list_type``/``map_keys`` for status lists."""
 
@@ -476,7 +467,6 @@ class Obj(Node):
     Attributes:
         properties: field name -> node, in the order ``kubectl explain`` lists them.
         values: for a map (``additionalProperties``): the node of every value.
-        max_properties: for a map: the most entries it may have.
         preserve_unknown: ``x-kubernetes-preserve-unknown-fields``: undeclared fields are kept
             unchecked (the declared ones are still checked).
         flatten: for the user of the table: the children's attributes belong to the parent.
@@ -484,7 +474,6 @@ class Obj(Node):
 
     properties: Mapping[str, Node] = field(default_factory=dict)
     values: Node | None = None
-    max_properties: int | None = None
     preserve_unknown: bool = False
     flatten: bool = False
     type_name: ClassVar[str] = "object"
@@ -492,12 +481,6 @@ class Obj(Node):
     def type_ok(self, value: Any) -> bool:
         return isinstance(value, dict)
 
-    def bounds(self, value: Any) -> Iterator[Problem]:
-        if self.max_properties is not None and len(value) > self.max_properties:
-            yield Problem("", f"has {len(value)} entries; expected at most {self.max_properties}")
-
-    def _openapi_constraints(self) -> dict[str, Any]:
-        return {} if self.max_properties is None else {"maxProperties": self.max_properties}
 
     def describe(self) -> str:
         if self.values is not None:

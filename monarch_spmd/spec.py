@@ -21,16 +21,28 @@ field is one entry: its type, default, bounds, description (the ``kubectl explai
 
 The pod template (``spec.template.spec``) is a PodSpec the API server keeps as it is, except for the
 few properties the table declares so CEL can check them: ``restartPolicy`` (Never or unset), and
-per container ``name``, ``image``, ``command``, ``args`` and ``env[].name`` (the ``trainer``
-container, or the one without a name, must not set image, command or args, nor a MONARCH_SPMD_*
-variable other than MONARCH_SPMD_ROLE_NAME and MONARCH_SPMD_LOCAL_RANK_SCOPE; at most one trainer
-container). What neither the API server nor this module can check before a pod exists, the
-validity of the PodSpec itself (resources, volumes, label syntax in ``template.metadata`` ...),
-is refused when the operator creates the first pod, and the job fails with reason InvalidSpec. It
-is outside the parity claim, as are: a ``metadata.namespace`` other than the one the request goes
-to (only the request knows it), ``metadata.ownerReferences`` and ``managedFields`` (taken as they
-are), and JSON that kubectl would never send (``2.0`` written with its fraction by another client
-is an integer to the schema but a float to CEL).
+per container ``name`` (a DNS-1123 label), ``image``, ``command``, ``args`` and ``env[].name`` (the
+``trainer`` container, or the one without a name, must not set image, command or args, nor a
+MONARCH_SPMD_* variable other than MONARCH_SPMD_ROLE_NAME and MONARCH_SPMD_LOCAL_RANK_SCOPE, nor a
+variable of the torchrun contract or the pod's own identity (:data:`RESERVED_VARS`); at most one
+trainer container). What neither the API server nor the table can check before a pod exists, the
+validity of the PodSpec itself (volumes, label syntax in ``template.metadata`` ...), is refused
+when the operator creates the first pod: the job fails with reason InvalidSpec, its message naming
+the field of the SPMDJob and the value (``spmd_operator.podpaths``). One part of that is checked
+here all the same, outside the CRD: :func:`pod_problems` finds resource quantities no pod can hold
+(the one schema CEL could check them in, int-or-string, would refuse ``cpu: 0.5``, which pods take);
+``monarch-spmd validate`` reports them. That is outside the parity claim, as are: a
+``metadata.namespace`` other than the one the request goes to (only the request knows it),
+``metadata.ownerReferences`` and ``managedFields`` (taken as they are), and JSON that kubectl would
+never send (``2.0`` written with its fraction by another client is an integer to the schema but a
+float to CEL).
+
+Rules that came in a later version than the objects they may meet are *policies*
+(:attr:`monarch_spmd.schema.Rule.policy`): the API server refuses new jobs that break them, while
+:func:`parse_stored` still parses a stored job that does (the operator keeps it running and says
+so). On an update (``check_manifest(..., old=...)``) the pod-shaping fields
+(:data:`POD_SHAPING_FIELDS`) change only while the job is suspended, and unchanged values are not
+checked again, as the API server ratchets.
 
 To add a field: add one entry to the table below (and, for the parser's users, the attribute of
 the same snake_case name to :class:`JobSpec`), then regenerate the CRD (``bash
@@ -69,7 +81,7 @@ from typing import Any, ClassVar, Final, NamedTuple
 
 from . import quantity, schema
 from .payload import contract, names, worker
-from .schema import MISSING, AnyValue, Arr, Bool, Int, Matches, Obj, ObjectMeta, Pattern, Rule, Str
+from .schema import MISSING, Arr, Bool, Int, Matches, Obj, ObjectMeta, Pattern, Rule, Str
 
 GROUP: Final = names.GROUP
 VERSION: Final = names.VERSION
@@ -164,8 +176,8 @@ SHM_SIZE_MAX: Final = "1Ti"
 #: A container name (and so the trainer's): a DNS-1123 label, as the API server requires of pods.
 DNS_1123_LABEL: Final = Pattern("^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 MAX_CONTAINER_NAME_LENGTH: Final = 63
-#: Entries of a container's resources.limits or resources.requests (CEL needs a bound).
-MAX_RESOURCES: Final = 64
+#: An environment variable's name in the template (CEL names the one a rule refuses: it needs a bound).
+MAX_ENV_NAME_LENGTH: Final = 256
 #: Fields that shape the pods: changed only while the job is suspended (as a Job's pod template),
 #: so the pods of one gang never disagree (two MASTER_PORTs, two images). The mesh, podLayout and
 #: mode never change.
@@ -513,6 +525,11 @@ def _cel_list(values: frozenset[str] | tuple[str, ...]) -> str:
     return "[" + ", ".join(f"'{v}'" for v in sorted(values)) + "]"
 
 
+def _cel_str(text: str) -> str:
+    """A CEL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 @dataclass(frozen=True)
 class ContractEnv(Rule):
     """The trainer container sets no variable of the environment contract and none of the pod's own.
@@ -534,6 +551,13 @@ class ContractEnv(Rule):
         return (f"{_IS_SIDECAR} || !has(self.env) || self.env.all(e, !has(e.name) || "
                 f"!(e.name in {_cel_list(RESERVED_VARS)}))")
 
+    def message_expression(self) -> str:
+        found = f"self.env.filter(e, has(e.name) && e.name in {_cel_list(RESERVED_VARS)}).map(e, e.name)"
+        rest = (f"{', '.join(sorted(RESERVED_VARS))} are reserved: torchrun variables the operator computes from "
+                "the spec, or the pod's own from the downward API; remove it (ROLE_NAME: set MONARCH_SPMD_ROLE_NAME "
+                "instead; MASTER_PORT: spec.masterPort; TORCH_NCCL_ASYNC_ERROR_HANDLING and OMP_NUM_THREADS may be set)")
+        return f"'the {TRAINER_CONTAINER} container may not set ' + {found}[0] + ': it and ' + {_cel_str(rest)}"
+
     def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
         if not _is_trainer(value):
             return
@@ -545,29 +569,6 @@ class ContractEnv(Rule):
                 hint = RESERVED_VAR_HINTS.get(name)
                 yield (f".env[{j}].name", f"{name} is reserved: {whose}"
                        + (f" ({hint})" if hint else "") + "; remove it")
-
-
-@dataclass(frozen=True)
-class ResourceQuantity(Rule):
-    """A value of a container's resources.limits or resources.requests is a quantity the pod takes.
-
-    A policy: the pod would refuse anything else, but a job stored with a value this check is
-    stricter about (a string a pod takes after trimming spaces) keeps running.
-    """
-
-    message: str = ("must be a resource quantity such as 500m, 2, 1.5, 4Gi or 1e3 (a number, or digits with an "
-                    "optional suffix: n u m k M G T P E, Ki Mi Gi Ti Pi Ei, or an exponent)")
-    policy: bool = True
-
-    def cel(self) -> str:
-        return "type(self) == string ? isQuantity(self) : (type(self) == int || type(self) == double)"
-
-    def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
-        if isinstance(value, str):
-            if not quantity.is_quantity(value):
-                yield "", f"{schema.show(value)} is not valid: {self.message}"
-        elif isinstance(value, bool) or not isinstance(value, (int, float)):
-            yield "", f"{schema.show(value)} is not valid: {self.message}"
 
 
 @dataclass(frozen=True)
@@ -730,23 +731,8 @@ _CONTAINER: Final = Obj(
                 other than {' and '.join(sorted(USER_SETTABLE_VARS))}; what it sets otherwise wins
                 (TORCH_NCCL_ASYNC_ERROR_HANDLING and OMP_NUM_THREADS included)."""),
             items=Obj(preserve_unknown=True, description="A variable (name, value or valueFrom).",
-                      properties={"name": Str(description="The variable's name.")}),
-        ),
-        "resources": Obj(
-            preserve_unknown=True,
-            description=_d("""
-                The container's resources (see `kubectl explain pod.spec.containers.resources`);
-                the quantities of limits and requests are checked here, as the pod would check
-                them."""),
-            properties={
-                kind: Obj(
-                    max_properties=MAX_RESOURCES,
-                    description=f"Resource name -> quantity (at most {MAX_RESOURCES}), e.g. cpu: 500m, memory: 4Gi.",
-                    values=AnyValue(rules=(ResourceQuantity(),),
-                                    description="A quantity: a number, or a string such as 500m, 4Gi or 1e3."),
-                )
-                for kind in ("limits", "requests")
-            },
+                      properties={"name": Str(max_length=MAX_ENV_NAME_LENGTH,
+                                              description=f"The variable's name, at most {MAX_ENV_NAME_LENGTH} characters.")}),
         ),
     },
 )
@@ -1241,6 +1227,57 @@ def parse_stored(spec: Mapping[str, Any]) -> Stored:
     if hard:
         raise hard[0]
     return Stored(JobSpec(**attributes(SPEC, value)), tuple(errors))
+
+
+_KEY: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _quantities(pod_spec: Mapping[str, Any], path: str) -> Iterator[tuple[str, Any]]:
+    """(path, value) of every resource quantity of a PodSpec: container resources, overhead, emptyDir sizes."""
+    def key(name: str) -> str:
+        return f".{name}" if _KEY.fullmatch(name) else f"[{name}]"
+
+    for kind in ("initContainers", "containers"):
+        containers = pod_spec.get(kind)
+        for i, container in enumerate(containers if isinstance(containers, list) else []):
+            resources = container.get("resources") if isinstance(container, Mapping) else None
+            for part in ("limits", "requests"):
+                values = resources.get(part) if isinstance(resources, Mapping) else None
+                for name, value in (values.items() if isinstance(values, Mapping) else ()):
+                    yield f"{path}.{kind}[{i}].resources.{part}{key(str(name))}", value
+    overhead = pod_spec.get("overhead")
+    for name, value in (overhead.items() if isinstance(overhead, Mapping) else ()):
+        yield f"{path}.overhead{key(str(name))}", value
+    volumes = pod_spec.get("volumes")
+    for i, volume in enumerate(volumes if isinstance(volumes, list) else []):
+        empty = volume.get("emptyDir") if isinstance(volume, Mapping) else None
+        if isinstance(empty, Mapping) and empty.get("sizeLimit") is not None:
+            yield f"{path}.volumes[{i}].emptyDir.sizeLimit", empty["sizeLimit"]
+
+
+def pod_problems(spec: Mapping[str, Any]) -> list[SpecError]:
+    """What the API server would refuse in every pod built from a spec the CRD accepts: each
+    resource quantity of the template that no pod can hold, naming the field and the value.
+
+    Beyond the CRD on purpose: the one schema CEL could check a quantity in
+    (``x-kubernetes-int-or-string``) would refuse ``cpu: 0.5``, which pods take. The operator
+    names the same field when the API server refuses the pod (:mod:`spmd_operator.podpaths`);
+    ``monarch-spmd validate`` reports it before the job is applied.
+    """
+    template = spec.get("template") if isinstance(spec, Mapping) else None
+    pod_spec = template.get("spec") if isinstance(template, Mapping) else None
+    if not isinstance(pod_spec, Mapping):
+        return []
+    out = []
+    for path, value in _quantities(pod_spec, "spec.template.spec"):
+        if isinstance(value, str):
+            ok = quantity.is_quantity(value.strip())  # the pod's decoder trims spaces first
+        else:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not ok:
+            out.append(SpecError(path, f"{schema.show(value)} is not a resource quantity: every pod of the job would "
+                                       "be refused; write a number or digits with a suffix, e.g. 500m, 2, 4Gi or 1e3"))
+    return out
 
 
 def job_name_error(name: object) -> str | None:

@@ -261,7 +261,8 @@ def check_file(path: str, out: _Outcome, *, in_folder: bool = False) -> None:
     bad = 0
     for label, doc in jobs:
         old = out.stored.get(_name(doc), spec.MISSING)  # --old: an update of the stored object
-        _, errors = spec.check_manifest(doc, require_image=True, old=old)
+        value, errors = spec.check_manifest(doc, require_image=True, old=old)
+        errors = errors or spec.pod_problems(value["spec"])  # what the job's every pod would be refused for
         for error in errors:
             print(f"{shown}: {label} ({_name(doc)}): {error}")
         bad += bool(errors)

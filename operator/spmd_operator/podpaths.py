@@ -19,10 +19,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 
-from monarch_spmd import quantity
 from monarch_spmd.spec import JobSpec
 
 from . import builders, names
@@ -36,8 +35,6 @@ _SIMPLE_KEY: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PATH_IN_MESSAGE: Final = re.compile(r"(?<![\w.\]\"])((?:metadata|spec)(?:\.[A-Za-z_][A-Za-z0-9_]*|\[[^\]\s]*\])+)(?=:)")
 #: Go's JSON decoder naming a field without indexes: "Go struct field PodSpec.spec.containers.ports".
 _GO_FIELD: Final = re.compile(r"Go struct field \w+\.((?:spec|metadata)(?:\.\w+)+)")
-#: Containers of a pod whose resources hold quantities, and the other quantity fields of a PodSpec.
-_CONTAINER_LISTS: Final = ("initContainers", "containers")
 
 
 def parse_path(path: str) -> list[str | int]:
@@ -163,41 +160,6 @@ def translate(job: JobRef, spec: JobSpec, message: str, index: int = 0, restart:
 
     out = _PATH_IN_MESSAGE.sub(swap, message)
     return _GO_FIELD.sub(lambda m: "Go struct field " + format_path(["spec", "template", *parse_path(m.group(1))]), out)
-
-
-def _quantity_fields(pod: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
-    """(pod path, value) of every quantity of a pod: container resources, overhead, emptyDir sizes."""
-    spec = pod.get("spec") or {}
-    for kind in _CONTAINER_LISTS:
-        for i, container in enumerate(spec.get(kind) or []):
-            resources = (container or {}).get("resources") or {}
-            for part in ("limits", "requests"):
-                for name, value in ((resources.get(part) or {}) if isinstance(resources, Mapping) else {}).items():
-                    yield format_path(["spec", kind, i, "resources", part, name]), value
-    for name, value in (spec.get("overhead") or {}).items():
-        yield format_path(["spec", "overhead", name]), value
-    for i, volume in enumerate(spec.get("volumes") or []):
-        empty = (volume or {}).get("emptyDir")
-        if isinstance(empty, Mapping) and "sizeLimit" in empty:
-            yield format_path(["spec", "volumes", i, "emptyDir", "sizeLimit"]), empty["sizeLimit"]
-
-
-def bad_quantity(job: JobRef, spec: JobSpec, index: int = 0, restart: int = 0) -> tuple[str, Any] | None:
-    """The first quantity of pod ``index`` the API server cannot read: (the job's field, the value).
-
-    The API server refuses such a pod as a whole ("quantities must match the regular expression
-    ...", HTTP 400) without naming the field; this names it.
-    """
-    try:
-        pod = builders.build_pod(job, spec, index, restart)
-    except (ValueError, KeyError, TypeError):
-        return None
-    for path, value in _quantity_fields(pod):
-        ok = quantity.is_quantity(value) if isinstance(value, str) else (
-            isinstance(value, (int, float)) and not isinstance(value, bool))
-        if not ok:
-            return job_path(job, spec, path, index, restart) or path, value
-    return None
 
 
 def container_path(spec: JobSpec, name: str) -> str:

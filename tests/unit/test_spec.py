@@ -351,3 +351,24 @@ def test_the_table_and_its_toolkit_need_only_the_standard_library():
                 continue
             for top in tops:
                 assert top in sys.stdlib_module_names or top == "__future__", f"{name} imports {top}"
+
+
+def test_pod_problems_name_every_quantity_no_pod_could_hold():
+    from monarch_spmd.spec import pod_problems
+
+    template = {"spec": {
+        "containers": [{"name": "trainer", "resources": {"limits": {"memory": "2 Gi", "cpu": 0.5, "nvidia.com/gpu": 1},
+                                                         "requests": {"cpu": " 250m ", "memory": True}}}],
+        "initContainers": [{"name": "fetch", "resources": {"requests": {"ephemeral-storage": "1Xi"}}}],
+        "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "1e3"}}, {"name": "s2", "emptyDir": {"sizeLimit": "lots"}}],
+    }}
+    problems = pod_problems({"template": template})
+    assert [p.field for p in problems] == [
+        "spec.template.spec.initContainers[0].resources.requests[ephemeral-storage]",
+        "spec.template.spec.containers[0].resources.limits.memory",
+        "spec.template.spec.containers[0].resources.requests.memory",
+        "spec.template.spec.volumes[1].emptyDir.sizeLimit",
+    ]
+    assert "'2 Gi' is not a resource quantity" in str(problems[1])
+    assert pod_problems({"template": {"spec": {"containers": [{"resources": {"limits": {"cpu": "1"}}}]}}}) == []
+    assert pod_problems({}) == []

@@ -11,7 +11,7 @@ What a refusal means, by the API server's answer:
   with reason InvalidSpec (:mod:`.admission`), and the message names the job's field and value
   (``spec.template.spec.containers[0].resources.limits.memory: Invalid value: "-1" ...``), not
   the pod's, via :mod:`spmd_operator.podpaths` (a quantity the server cannot even decode is found
-  by reading the pod the operator built).
+  in the template by :func:`monarch_spmd.spec.pod_problems`).
 * **403 exceeded quota** (reason QuotaExceeded): a ResourceQuota of the namespace; the message
   names the quota and each resource with what was requested, used and allowed.
 * **403 Pod Security** (reason PodSecurity): the namespace's ``pod-security.kubernetes.io/enforce``
@@ -45,7 +45,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final
 
-from monarch_spmd.spec import JobSpec
+from monarch_spmd.spec import JobSpec, pod_problems
 
 from .. import names, podpaths
 from .model import EVENT_WARNING, RESTARTING, RUNNING, Refusal, format_time, parse_time
@@ -163,12 +163,10 @@ def classify(refusal: Refusal, spec: JobSpec | None, job: names.JobRef, restart:
         text = refusal.message
         if spec is not None and refusal.kind == "Pod":
             index = refusal.index or 0
-            bad = podpaths.bad_quantity(job, spec, index, restart) if "cannot be handled as a" in text else None
-            if bad is not None:
-                text = (f"{bad[0]}: {bad[1]!r} is not a quantity (a number, or digits with a suffix such as "
-                        f"500m, 4Gi or 1e3)")
-            else:
-                text = podpaths.translate(job, spec, text, index, restart)
+            # A value the server cannot even decode ("cannot be handled as a Pod: quantities must
+            # match ...") is named by reading the template; anything else by mapping its paths.
+            bad = pod_problems({"template": spec.template}) if "cannot be handled as a" in text else []
+            text = str(bad[0]) if bad else podpaths.translate(job, spec, text, index, restart)
         return Verdict(INVALID, text, f"the API server refused {_what(refusal, spec)}: {text}", True)
     verdict = _quota(refusal, spec, job.namespace) or _pod_security(refusal, spec, job.namespace)
     if verdict is not None:

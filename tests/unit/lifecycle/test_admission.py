@@ -48,15 +48,13 @@ def test_a_pod_refused_by_the_api_server_fails_the_job_in_the_next_pass_naming_t
     assert events(plan) == [("Warning", "InvalidSpec")]
 
 
-def test_a_quantity_the_server_cannot_decode_is_named_from_the_pod_the_operator_built():
-    # Only a job admitted through an older CRD can carry one: the current CRD refuses it at admission.
-    raw = dict(BASE, template={"spec": {"volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "10 Gi"}}]}})
-    s = parse_stored(raw).spec
+def test_a_quantity_the_server_cannot_decode_is_named_from_the_template():
+    s = spec(template={"spec": {"volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "10 Gi"}}]}})
     message = ("Pod in version \"v1\" cannot be handled as a Pod: quantities must match the regular expression "
                "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'")
     new = apply(status("Pending"), run(s=s, st=status("Pending"), rejection=refused(message, code=400)))
     assert new["phase"] == "Failed"
-    assert "spec.template.spec.volumes[0].emptyDir.sizeLimit: '10 Gi' is not a quantity" in new["failure"]["message"]
+    assert "spec.template.spec.volumes[0].emptyDir.sizeLimit: '10 Gi' is not a resource quantity" in new["failure"]["message"]
 
 
 def test_a_failed_job_drops_its_service_and_configmap_as_a_finished_job_does():
