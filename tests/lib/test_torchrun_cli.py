@@ -8,6 +8,7 @@ restarts, and the manifests, checked by `monarch-spmd validate`.
 from __future__ import annotations
 
 import json
+import os
 import re
 import textwrap
 
@@ -76,12 +77,21 @@ def test_max_restarts_restarts_the_gang_as_torchrun_does():
     assert "restarting the gang (restart 1 of at most 1)" in result.stderr
 
 
-def test_ignored_flags_are_noted_by_name():
-    result = run(cli_cmd("run", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:29400", "--log-dir", "/tmp/x",
-                         "--monitor-interval", "1", script("print_env.py")))
+def test_ignored_flags_are_noted_by_name(tmp_path):
+    result = run(cli_cmd("run", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:29400", "--log-dir",
+                         str(tmp_path), "--monitor-interval", "1", script("print_env.py")))
     assert result.returncode == 0, result.stderr
-    for flag in ("--rdzv-backend", "--rdzv-endpoint", "--log-dir", "--monitor-interval"):
+    for flag in ("--rdzv-backend", "--rdzv-endpoint", "--monitor-interval"):
         assert f"[monarch-spmd] {flag}: ignored: " in result.stderr, flag
+    assert "--log-dir: ignored" not in result.stderr and os.listdir(tmp_path)  # honoured: the files are there
+
+
+@pytest.mark.parametrize("flags", [["--tee", "3"], ["-r", "3"], ["--redirects", "0:1", "-t", "1:2"]])
+def test_tee_and_redirects_are_taken_as_torchrun_takes_them(flags, tmp_path):
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    result = run(cli_cmd("run", "--nproc-per-node", "2", *flags, script("print_env.py")), env=env)
+    assert result.returncode == 0, result.stderr
+    assert len(os.listdir(tmp_path)) == 1 and os.listdir(tmp_path)[0].startswith("torchelastic_")
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -91,7 +101,7 @@ def test_ignored_flags_are_noted_by_name():
     (["--nnodes", "2", "--node-rank", "1", "x.py"], "--node-rank: monarch-spmd run starts all 2 nodes on this machine"),
     (["--master-addr", "192.0.2.1", "--master-port", "29511", "x.py"],
      "--master-addr: '192.0.2.1' is not an address of this machine"),
-    (["--tee", "3", "x.py"], "--tee 3: not supported"),
+    (["--tee", "4", "x.py"], "--tee: '4' is not valid; expected 0 (none), 1 (stdout), 2 (stderr) or 3 (both)"),
     (["--virtual-local-rank", "x.py"], "--virtual-local-rank: not supported"),
     (["--max-restarts", "101", "x.py"], "--max-restarts: 101 is not valid; expected an integer in 0..100"),
 ])
@@ -132,6 +142,7 @@ def test_the_mesh_options_still_take_max_restarts_and_master_port(tmp_path):
         spec:
           mesh: [{{name: procs, size: 2}}]
           args: ["-m", "{PROGRAMS}.check_env", "--no-gloo"]
+          restartPolicy: {{maxRestarts: 0}}
         """))
     # The manifest as the first positional, its args replaced after '--' (as before torchrun's flags).
     result = run(cli_cmd("run", str(manifest), "--", "-m", f"{PROGRAMS}.check_env", "--no-gloo", "--run-id", "r9"))

@@ -11,7 +11,8 @@ environment it was started with. They must be equal, except for exactly these:
   rank under its temporary folder; the signals it forwards), not set here;
 - MASTER_PORT and TORCHELASTIC_RUN_ID where torchrun picks them per run (a free port and a uuid,
   without --master-port); with --master-port and --rdzv-id they are compared too;
-- the worker's own inputs (MONARCH_SPMD_*) and PYTHONUNBUFFERED (torchrun runs `python -u`).
+- PYTHONUNBUFFERED (torchrun runs `python -u`); the worker's own inputs (MONARCH_SPMD_*) must not
+  reach the program at all.
 
 A new variable in a later torch release makes the comparison fail until it is looked at.
 """
@@ -33,7 +34,8 @@ SCRIPT = "tests/programs/torchrun_env.py"
 MODULE = "tests.programs.torchrun_env"
 #: Set by torchrun's agent for itself; monarch-spmd has no agent.
 AGENT_ONLY = {"TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE"}
-OURS_ONLY = re.compile(r"^(MONARCH_SPMD_.*|PYTHONUNBUFFERED)$")
+#: PYTHONUNBUFFERED only: the worker's own inputs (MONARCH_SPMD_*) must not reach the program.
+OURS_ONLY = re.compile(r"^PYTHONUNBUFFERED$")
 #: Variables a launcher sets; taken out of the environment both launchers start with.
 LAUNCHER_VARS = re.compile(r"^(RANK|WORLD_SIZE|LOCAL_.*|GROUP_.*|ROLE_.*|MASTER_.*|TORCHELASTIC_.*|TORCH_NCCL_.*|"
                            r"OMP_NUM_THREADS|MONARCH_SPMD_.*|PYTHONUNBUFFERED|PET_.*)$")
@@ -143,3 +145,37 @@ def test_standalone_matches_except_the_port_and_run_id_torchrun_picks():
 def test_nproc_per_node_cpu_counts_cpus_as_torchrun_does():
     env = compare(["--nproc-per-node", "cpu", SCRIPT], per_run=frozenset({"MASTER_PORT", "TORCHELASTIC_RUN_ID"}))
     assert len(env) == min(2, len(os.sched_getaffinity(0)))
+
+
+def log_layout(root: str) -> tuple[list[str], set[str]]:
+    """The run folders under ``root`` and the files under them, relative to their run folder."""
+    runs = sorted(os.listdir(root))
+    files = set()
+    for run_dir in runs:
+        for path, _, names in os.walk(os.path.join(root, run_dir)):
+            for name in names:
+                files.add(os.path.relpath(os.path.join(path, name), os.path.join(root, run_dir)))
+    return runs, files
+
+
+def test_log_dir_tee_and_redirects_lay_the_files_out_as_torchrun_does(tmp_path):
+    # torchrun's DefaultLogsSpecs: <log dir>/<run id>_<random>/attempt_<N>/<local rank>/{stdout,stderr}.log,
+    # --redirects 2: stderr only in the files; --tee 1: stdout in the files and on the console.
+    env = base_env()
+    theirs, ours = tmp_path / "torchrun", tmp_path / "monarch"
+    flags = ["--nproc-per-node", "2", "--master-port", str(free_port()), "--rdzv-id", "logs", "--redirects", "2",
+             "--tee", "1", SCRIPT]
+    torchrun_ranks = ranks(launch([[sys.executable, "-m", "torch.distributed.run", "--log-dir", str(theirs), *flags]], env))
+    our_ranks = ranks(launch([cli_cmd("run", "--log-dir", str(ours), *flags)], env))
+    assert sorted(torchrun_ranks) == sorted(our_ranks) == [0, 1]  # stdout reached the console in both
+    (their_runs, their_files), (our_runs, our_files) = log_layout(str(theirs)), log_layout(str(ours))
+    assert len(their_runs) == len(our_runs) == 1 and our_runs[0].startswith("logs_") and their_runs[0].startswith("logs_")
+    layout = {"attempt_0/0/stdout.log", "attempt_0/0/stderr.log", "attempt_0/1/stdout.log", "attempt_0/1/stderr.log"}
+    assert their_files == our_files == layout, (their_files, our_files)
+    for root, runs in ((theirs, their_runs), (ours, our_runs)):
+        for local in (0, 1):
+            with open(os.path.join(root, runs[0], "attempt_0", str(local), "stdout.log")) as f:
+                assert "TORCHRUN_ENV " in f.read()
+    # The error file torchrun's @record writes to is where torchrun puts it, in both.
+    for seen, root, runs in ((torchrun_ranks, theirs, their_runs), (our_ranks, ours, our_runs)):
+        assert seen[1]["env"]["TORCHELASTIC_ERROR_FILE"] == os.path.join(root, runs[0], "attempt_0", "1", "error.json")

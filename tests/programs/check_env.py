@@ -11,7 +11,7 @@ mesh                        ``--mesh hosts=2,gpus=2``     [GROUP_WORLD_SIZE, LOC
 coordinates                 (none)                        from RANK
 local-rank scope            ``--local-rank-scope``        mesh
 master address / port       ``--master-addr/-port``       any
-restart count / limit       ``--restart-count/--max-..``  any / 0
+restart count / limit       ``--restart-count/--max-..``  any
 run id                      ``--run-id``                  any non-empty
 role name                   ``--role-name``               "default"
 OMP_NUM_THREADS             ``--omp-num-threads``         "1" when LOCAL_WORLD_SIZE > 1, else any
@@ -110,7 +110,7 @@ def expected_env(opts: argparse.Namespace, env: dict[str, str]) -> tuple[dict[st
         "MASTER_ADDR": pick(opts.master_addr, None),
         "MASTER_PORT": pick(opts.master_port, None),
         "TORCHELASTIC_RESTART_COUNT": pick(opts.restart_count, None),
-        "TORCHELASTIC_MAX_RESTARTS": pick(opts.max_restarts, "0"),
+        "TORCHELASTIC_MAX_RESTARTS": pick(opts.max_restarts, None),
         "TORCHELASTIC_RUN_ID": pick(opts.run_id, None),
         "TORCHELASTIC_USE_AGENT_STORE": "False",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
