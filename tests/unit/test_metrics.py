@@ -54,3 +54,28 @@ def test_leader_timings_must_nest():
         leader.Timings(5, 7, 2)
     with pytest.raises(ValueError, match="retry period"):
         leader.Timings(10, 7, 0)
+
+
+def test_the_job_gauges_are_computed_on_the_event_loop_not_the_scraping_thread():
+    import asyncio
+    import threading
+
+    seen = []
+    jobs = [{"metadata": {"namespace": "a"}, "status": {"phase": "Running"}}]
+
+    def read_jobs():
+        seen.append(threading.get_ident())
+        return jobs
+
+    m = Metrics(read_jobs, lambda: {"pods": (1, 4, 2)})
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        m.bind(loop)
+        assert sample(m, "spmdjob_jobs", namespace="a", phase="Running") == 1
+        assert sample(m, "spmdjob_cache_entries", informer="pods", kind="tombstones") == 2
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+    assert seen and set(seen) == {thread.ident}, "the controller's dicts are read only by the loop that changes them"
