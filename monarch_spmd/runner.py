@@ -402,6 +402,7 @@ class _Plan:
     grace: float
     progress_timeout: float
     backoff: float | None
+    member_failure_limit: int | None
     logs: LogOptions | None
     gpus: bool
 
@@ -430,6 +431,8 @@ def _member(plan: _Plan, index: int, restart: int, disruptions: int = 0) -> gang
     if timer.FILE_VAR in base and s.world_size // procs > 1:  # one watchdog pipe per worker
         base[timer.FILE_VAR] = f"{base[timer.FILE_VAR]}.{index}"
     backoff = {} if plan.backoff is None else {"backoff": plan.backoff}
+    if plan.member_failure_limit is not None:
+        backoff["member_failure_limit"] = plan.member_failure_limit
     logs = {}
     if plan.logs is not None:
         logs = {"log_dir": plan.logs.log_dir, "redirects": plan.logs.redirects, "tee": plan.logs.tee}
@@ -490,7 +493,7 @@ class _View:
 
 
 def _how(row: Mapping[str, Any]) -> str:
-    code, returncode = row.get("exit_code"), row.get("returncode")
+    code, returncode = row.get("rank_exit_code", row.get("exit_code")), row.get("returncode")
     name = gang.signal_name(returncode) if isinstance(returncode, int) else None
     if name:
         return f"was killed by {name} (exit code {code})"
@@ -558,6 +561,7 @@ def run(
     logs: LogOptions | None = None,
     progress_timeout: float | None = None,
     backoff: float | None = None,
+    member_failure_limit: int | None = None,
     agent_port: int | None = None,
     on_event: Any = None,
 ) -> int:
@@ -575,6 +579,8 @@ def run(
         progress_timeout: seconds without output before a rank fails (NoProgress); default the
             spec's ``restartPolicy.progressTimeoutSeconds``, else off.
         backoff: the back-off before the second restart in a row (default the agents' 10 s).
+        member_failure_limit: restarts in place in a row caused by one worker before the gang is
+            recreated instead (default the agents' 3).
         agent_port: the coordinator's port (default a free one).
         on_event: called with every observer message (welcome and events), in the observer's
             thread (the benchmark's clock).
@@ -598,7 +604,8 @@ def run(
         master_addr=master_addr or LOCAL_MASTER_ADDR,
         master_port=s.master_port if job.fixed_port else free_port(LOCAL_MASTER_ADDR),
         agent_port=agent_port or free_port(LOCAL_MASTER_ADDR), grace=grace_period,
-        progress_timeout=progress_timeout, backoff=backoff, logs=logs, gpus=_enough_gpus(job))
+        progress_timeout=progress_timeout, backoff=backoff, member_failure_limit=member_failure_limit, logs=logs,
+        gpus=_enough_gpus(job))
     if plan.agent_port == plan.master_port:
         plan = _replace(plan, agent_port=free_port(LOCAL_MASTER_ADDR))
     for message in notes:

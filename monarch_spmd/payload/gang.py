@@ -46,6 +46,10 @@ _SEPARATORS: Final = re.compile(rb"(\r\n|\n|\r)")
 TAIL_LINES: Final = 20
 
 
+def _wake() -> None:
+    """A process's pidfd became readable: it exited; the step's reap collects it."""
+
+
 def exit_code(returncode: int) -> int:
     """A shell's view of a return code: 128+N for a process killed by signal N."""
     return 128 - returncode if returncode < 0 else returncode
@@ -270,6 +274,7 @@ class Proc:
     stopped: bool = False
     reason: str | None = None
     message: str | None = None
+    pidfd: int | None = None  # readable when the process exits (Linux 5.3+): the loop wakes at once
 
     @property
     def pid(self) -> int:
@@ -344,7 +349,22 @@ class Gang:
                 os.set_blocking(pipe.fileno(), False)
                 self.selector.register(pipe, selectors.EVENT_READ, (proc, which))
                 self.pipes.add(pipe)
+        if hasattr(os, "pidfd_open"):
+            try:
+                proc.pidfd = os.pidfd_open(popen.pid)
+                self.selector.register(proc.pidfd, selectors.EVENT_READ, _wake)
+            except OSError:
+                proc.pidfd = None
         return proc
+
+    def _forget_pidfd(self, proc: Proc) -> None:
+        if proc.pidfd is not None:
+            try:
+                self.selector.unregister(proc.pidfd)
+            except (KeyError, ValueError):
+                pass
+            os.close(proc.pidfd)
+            proc.pidfd = None
 
     def respawn(self, index: int, member: Member) -> Proc:
         """Starts ``member`` in place of the exited process ``index`` (a replaced worker)."""
@@ -428,6 +448,7 @@ class Gang:
             rc = proc.popen.poll()
             if rc is None:
                 continue
+            self._forget_pidfd(proc)
             proc.returncode = rc
             proc.code = exit_code(rc)
             proc.exited_at = time.time()
@@ -493,5 +514,7 @@ class Gang:
         for pipe in list(self.pipes):
             proc, which = self.selector.get_key(pipe).data
             self._close(pipe, proc, which)
+        for proc in self.procs:
+            self._forget_pidfd(proc)
         if self.own_selector:
             self.selector.close()

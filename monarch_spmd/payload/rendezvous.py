@@ -534,6 +534,7 @@ class Coordinator:
         self.phase = FAILED
         self.outcome = {"type": FAIL, "round": self.round, "rank": info.get("rank"),
                         "member": root.member if root is not None else None, "exit_code": code,
+                        "rank_exit_code": info.get("exit_code"),
                         "reason": reason, "message": message or info.get("message"), "tail": info.get("tail") or [],
                         "local_rank": info.get("local_rank"), "pid": info.get("pid"),
                         "returncode": info.get("returncode"), "signal": info.get("signal"),

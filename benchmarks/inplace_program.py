@@ -1,0 +1,59 @@
+"""The trivial training program of benchmarks/inplace_local.py: as little as a rank can be.
+
+``--mode sleep``: create ``<ready dir>/<restart>.<rank>`` and turn into ``sleep`` (exec), so a
+thousand ranks hold a few MiB each and no CPU while the benchmark measures the agents.
+
+``--mode steps``: a rank that works in steps of ``--step`` seconds, printing one line per step
+(progress for the progress timeout) and, with ``--watchdog SECONDS``, arming torchrun's file timer
+around each step: one JSON request line per acquire and release on TORCHELASTIC_TIMER_FILE, the
+exact format torch's FileTimerClient writes (written here with the standard library, so the
+benchmark does not import torch into every rank; tests/lib/test_agent.py uses torch's own client).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+
+def timer_request(path: str, scope: str, expires: float, sig: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        os.write(fd, (json.dumps({"version": 1, "pid": os.getpid(), "scope_id": scope, "expiration_time": expires,
+                                  "signal": sig}) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--mode", choices=("sleep", "steps"), default="sleep")
+    parser.add_argument("--ready-dir")
+    parser.add_argument("--sleep", type=float, default=3600.0)
+    parser.add_argument("--step", type=float, default=0.5)
+    parser.add_argument("--watchdog", type=float, default=0.0)
+    opts = parser.parse_args(argv)
+    rank, restart = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
+    if opts.mode == "sleep":
+        if opts.ready_dir:
+            os.close(os.open(os.path.join(opts.ready_dir, f"{restart}.{rank}"), os.O_CREAT | os.O_WRONLY, 0o644))
+        os.execvp("sleep", ["sleep", f"{opts.sleep:g}"])
+    path = os.environ.get("TORCHELASTIC_TIMER_FILE", "")
+    print(f"rank {rank} pid {os.getpid()} restart {restart}", flush=True)
+    step = 0
+    while True:
+        if opts.watchdog:
+            timer_request(path, "step", time.time() + opts.watchdog, int(signal.SIGKILL))
+        time.sleep(opts.step)
+        if opts.watchdog:
+            timer_request(path, "step", -1, 0)
+        step += 1
+        print(f"rank {rank} step {step}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
