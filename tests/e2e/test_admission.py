@@ -65,6 +65,17 @@ CASES = [
     ("name-not-dns-1035", _set("metadata.name", "1job"), "name"),
     ("gpus-negative", _set("spec.gpusPerProc", -1), "gpusPerProc"),
     ("no-image", _set("spec.image", _DELETE), "image"),
+    # shmSize: a memory quantity from 1Mi to 1Ti, named with its range
+    ("shm-zero", _set("spec.shmSize", "0"), "spec.shmSize: Invalid value: \"string\": must be a memory quantity from 1Mi to 1Ti"),
+    ("shm-tiny", _set("spec.shmSize", "0.0000001"), "from 1Mi to 1Ti"),
+    ("shm-huge", _set("spec.shmSize", "99999999999Ei"), "from 1Mi to 1Ti"),
+    # the torchrun contract's variables and the pod's own are refused in the trainer, by name
+    ("env-rank", _set("spec.template.spec.containers", [{"name": "trainer", "env": [{"name": "RANK", "value": "0"}]}]),
+     "may not set RANK"),
+    ("env-pod-ip", _set("spec.template.spec.containers", [{"name": "trainer", "env": [{"name": "POD_IP", "value": "1.2.3.4"}]}]),
+     "may not set POD_IP"),
+    ("container-name", _set("spec.template.spec.containers", [{"name": "Trainer_1", "image": "x"}]),
+     "spec.template.spec.containers[0].name"),
 ]
 
 

@@ -175,7 +175,8 @@ def _many(path: tuple[Any, ...], item: Any, counts: list[int]) -> Callable[[rand
 
 
 def _containers(rng: random.Random, doc: Doc) -> None:
-    trainer = rng.choice([{"name": "trainer"}, {}, {"name": None}, {"name": ""}, {"name": "side"}])
+    trainer = rng.choice([{"name": "trainer"}, {}, {"name": None}, {"name": ""}, {"name": "side"}, {"name": "Side_1"},
+                          {"name": "s" * 63}, {"name": "s" * 64}, {"name": "-side"}])
     extra = rng.choice([
         {"image": "x"}, {"command": ["sh"]}, {"args": ["-x"]}, {"image": None}, {"command": None},
         {"env": [{"name": "MONARCH_SPMD_MESH", "value": "a=1"}]}, {"env": [{"name": "MONARCH_SPMD_ROLE_NAME"}]},
@@ -183,6 +184,11 @@ def _containers(rng: random.Random, doc: Doc) -> None:
         {"env": [{"name": "MONARCH_SPMD_"}]}, {"env": [{"value": "no name"}]}, {"env": [{"name": None}]},
         {"env": [None]}, {"env": "x"}, {"env": [{"name": 5}]}, {"command": [1]}, {"image": 5},
         {"resources": {"limits": {"cpu": 1}}}, {"unknownField": 1}, {},
+        # the contract's variables and the pod's own, refused in the trainer only
+        {"env": [{"name": "RANK", "value": "3"}]}, {"env": [{"name": "POD_IP"}, {"name": "A"}]},
+        {"env": [{"name": "OMP_NUM_THREADS", "value": "2"}, {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING"}]},
+        {"env": [{"name": "MASTER_PORT", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]},
+        {"env": [{"name": "a" * 256}]}, {"env": [{"name": "a" * 257}]},
     ])
     containers = [{**trainer, **extra}]
     if rng.random() < 0.4:
@@ -238,6 +244,8 @@ MUTATIONS: list[tuple[str, Callable[[random.Random, Doc], None]]] = [
     ("deadline", _field(("spec", "activeDeadlineSeconds"), INTS + NOT_INTS)),
     ("ttl", _field(("spec", "ttlSecondsAfterFinished"), INTS + NOT_INTS)),
     ("colocate", _field(("spec", "colocate"), [True, False, None, "true", 1, 0, "yes"])),
+    ("shmSize", _field(("spec", "shmSize"), ["0", "1", "1048575", "1048576", "1Mi", "1Ti", "1025Gi", "1099511627777",
+                                            "0.0000001", "0.5Gi", "16Gi", "1e3", "2 Gi", "99999999999Ei", "", None, 2])),
     ("suspend", _field(("spec", "suspend"), [True, False, None, "false", 0])),
     # restart policy
     ("restartPolicy", _field(("spec", "restartPolicy"), [None, {}, "x", [], {"backoffLimit": 1}])),
