@@ -536,6 +536,15 @@ def describe(job: Mapping[str, Any], events: Iterable[Mapping[str, Any]], now: d
             out.append(f"{label + ':':<13}{age(status[key], now)} ago ({status[key]})")
     if status.get("masterAddr"):
         out.append(f"Master:      {status['masterAddr']}")
+    refusal = status.get("refusal") or {}
+    if refusal:
+        what = " ".join(str(refusal[k]) for k in ("kind", "name") if refusal.get(k))
+        times = f", {refusal['retries']} time(s)" if refusal.get("retries") else ""
+        since = f" since {age(refusal['since'], now)} ago" if refusal.get("since") else ""
+        out.append(f"Refused:     {refusal.get('reason') or 'Forbidden'}: the API server refuses {what or 'a child'}"
+                   f"{times}{since} ({refusal.get('code') or 403}); retried with back-off")
+        if refusal.get("message"):
+            out.append(f"  {_one_line(refusal['message'])}")
     failure = status.get("failure") or {}
     if failure:
         where = " ".join(x for x in (f"pod {failure['pod']}" if failure.get("pod") else "",

@@ -379,3 +379,15 @@ def test_a_watch_prints_the_header_once_and_a_line_per_change():
     assert lines[0].split() == list(status.HEADERS)
     assert [line.split()[:2] for line in lines[1:]] == [["llama", "Pending"], ["bert", "Running"], ["bert", "Running"]]
     assert lines[-1].endswith("   deleted") and watcher.seen == {"uid-llama": PENDING}
+
+
+def test_describe_shows_a_refusal_of_the_api_server():
+    refused = job("open", "Pending", running=0, reason="PodSecurity", message="0/4 pods created; ...",
+                  refusal={"reason": "PodSecurity", "kind": "Pod", "name": "open-1a2b3-r0-0", "code": 403,
+                           "retries": 5, "since": ago(40),
+                           "message": 'violates Pod Security "restricted:latest":\n allowPrivilegeEscalation != false'})
+    lines = status.describe(refused, [], NOW).splitlines()
+    at = lines.index("Refused:     PodSecurity: the API server refuses Pod open-1a2b3-r0-0, 5 time(s) since 40s ago "
+                     "(403); retried with back-off")
+    assert lines[at + 1] == '  violates Pod Security "restricted:latest": allowPrivilegeEscalation != false'
+    assert not any(line.startswith("Refused:") for line in status.describe(RUNNING, [], NOW).splitlines())
