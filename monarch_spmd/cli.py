@@ -316,6 +316,22 @@ def half_memory(quantity: str) -> str:
     return str(half)
 
 
+def shm_default(memory: str | None) -> str:
+    """``manifest``'s spec.shmSize without --shm-size: half of --memory within the spec's range
+    (spec.SHM_SIZE_MIN..SHM_SIZE_MAX), else DEFAULT_SHM_SIZE."""
+    from . import quantity, spec
+
+    if not memory:
+        return DEFAULT_SHM_SIZE
+    half = half_memory(memory)
+    value = quantity.parse(half)
+    if value is not None and value < quantity.parse(spec.SHM_SIZE_MIN):
+        return spec.SHM_SIZE_MIN
+    if value is not None and value > quantity.parse(spec.SHM_SIZE_MAX):
+        return spec.SHM_SIZE_MAX
+    return half
+
+
 def _manifest_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="monarch-spmd manifest",
@@ -344,8 +360,8 @@ def _manifest_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu", help="CPU request of each node's pod, e.g. 32 or 500m (default: none)")
     p.add_argument("--memory", metavar="SIZE", help="memory request and limit of each node's pod, e.g. 256Gi "
                    "(default: none)")
-    p.add_argument("--shm-size", metavar="SIZE", help=f"spec.shmSize, the size of /dev/shm (default: half of "
-                   f"--memory, else {DEFAULT_SHM_SIZE})")
+    p.add_argument("--shm-size", metavar="SIZE", help=f"spec.shmSize, the size of /dev/shm, 1Mi..1Ti (default: half "
+                   f"of --memory within that range, else {DEFAULT_SHM_SIZE})")
     flags = p.add_argument_group("torchrun's flags", "may also come after '--' (see monarch-spmd run --help)")
     torchrun.add_arguments(flags)
     p.add_argument("script", nargs="?", metavar="SCRIPT", help="the training script (with -m, a module)")
@@ -395,6 +411,13 @@ def manifest_main(argv: Sequence[str]) -> int:
             if value is not None and (not spec.MEMORY_QUANTITY.matches(value) or not re.search(r"[1-9]", value)):
                 raise ValueError(f"{flag}: {value!r} is not valid; expected a memory quantity above 0 such as 512Mi, "
                                  "64Gi or 1G")
+        if opts.shm_size is not None:
+            from . import quantity
+
+            size = quantity.parse(opts.shm_size)
+            if size is None or not quantity.parse(spec.SHM_SIZE_MIN) <= size <= quantity.parse(spec.SHM_SIZE_MAX):
+                raise ValueError(f"--shm-size: {opts.shm_size!r} is not valid; expected a memory quantity from "
+                                 f"{spec.SHM_SIZE_MIN} to {spec.SHM_SIZE_MAX} (spec.shmSize)")
         node_gpus = None
         if opts.node_gpus is not None:
             node_gpus = torchrun.int_flag("--node-gpus", opts.node_gpus, 1, contract.MAX_PROCS)
@@ -423,7 +446,7 @@ def manifest_main(argv: Sequence[str]) -> int:
         if not spec.IMAGE_REFERENCE.matches(opts.image) or len(opts.image) > spec.MAX_IMAGE_LENGTH:
             raise ValueError(f"--image: {opts.image!r} is not valid; an image reference is printable ASCII "
                              f"without spaces, e.g. {EXAMPLE_IMAGE}")
-        shm_size = opts.shm_size or (half_memory(opts.memory) if opts.memory else DEFAULT_SHM_SIZE)
+        shm_size = opts.shm_size or shm_default(opts.memory)
         doc = torchrun.manifest(plan, name=name, image=opts.image, namespace=opts.namespace,
                                 gpus_per_proc=gpus_per_proc, cpu=opts.cpu, memory=opts.memory, shm_size=shm_size)
         _, errors = spec.check_manifest(doc, require_image=True)

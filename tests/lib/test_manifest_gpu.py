@@ -57,6 +57,9 @@ def test_an_explicit_gpu_count_per_proc_and_a_cpu_only_job():
     (["--gpus-per-proc", "0", "--cpu", "0", "x.py"], "--cpu: '0' is not valid"),
     (["--gpus-per-proc", "0", "--memory", "64GB", "x.py"], "--memory: '64GB' is not valid; expected a memory quantity"),
     (["--gpus-per-proc", "0", "--shm-size", "0", "x.py"], "--shm-size: '0' is not valid"),
+    (["--gpus-per-proc", "0", "--shm-size", "2Ti", "x.py"], "--shm-size: '2Ti' is not valid; expected a memory "
+                                                            "quantity from 1Mi to 1Ti (spec.shmSize)"),
+    (["--gpus-per-proc", "0", "--shm-size", "512Ki", "x.py"], "--shm-size: '512Ki' is not valid"),
 ])
 def test_bad_gpu_and_resource_choices_are_refused_naming_the_flag(argv, message):
     result = run(cli_cmd("manifest", "--image", "img", *argv), env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
@@ -68,3 +71,8 @@ def test_bad_gpu_and_resource_choices_are_refused_naming_the_flag(argv, message)
                                         ("1", "0"), ("3", "1"), ("2k", "1k"), ("1Ki", "512")])
 def test_half_memory(size, half):
     assert cli.half_memory(size) == half
+
+
+@pytest.mark.parametrize("memory, shm", [(None, "8Gi"), ("64Gi", "32Gi"), ("4Ti", "1Ti"), ("1Mi", "1Mi"), ("3Mi", "1536Ki")])
+def test_the_default_shm_is_half_the_memory_within_the_specs_range(memory, shm):
+    assert cli.shm_default(memory) == shm
