@@ -207,3 +207,24 @@ def test_every_link_leads_to_a_file_and_heading_that_exist(page):
         assert path.exists(), f"{page}: link to {target}"
         if anchor and path.suffix == ".md":
             assert anchor in _anchors(path), f"{page}: no heading #{anchor} in {target or page}"
+
+
+def test_the_security_model_is_written_where_people_look_and_names_every_rbac_resource():
+    readme = README.read_text()
+    section = readme.split("## Security", 1)[1]
+    notes = (ROOT / "helm" / "monarch-spmd" / "templates" / "NOTES.txt").read_text()
+    assert "Creating an SPMDJob is creating pods" in section and "Pod Security admission" in section
+    assert "creating an SPMDJob is creating pods" in notes and "Pod Security admission" in notes
+    assert "status.failure.message" in section and "status.failure.message" in notes
+    rbac = (ROOT / "helm" / "monarch-spmd" / "templates" / "rbac.yaml").read_text()
+    resources = set(re.findall(r'resources: \["([\w/]+)"\]', rbac))
+    said = {"spmdjobs": "SPMDJobs", "spmdjobs/status": "status", "pods": "pods", "services": "Services",
+            "configmaps": "ConfigMaps", "events": "Events", "customresourcedefinitions": "CRDs",
+            "namespaces": "namespaces", "leases": "Lease", "workloads": "Workloads", "workloads/status": "Workloads",
+            "podgroups": "PodGroups", "resourceflavors": "Kueue"}
+    assert resources <= set(said), f"rbac.yaml has new resources: {resources - set(said)}; say what they allow"
+    for resource in resources:
+        assert said[resource] in section, resource
+    (events,) = re.findall(r'resources: \["events"\]\n\s+verbs: \[(.*)\]', rbac)
+    verbs = [v.strip().strip('"') for v in events.split(",")]
+    assert f"{' and '.join(verbs)} Events" in section, verbs
