@@ -1079,6 +1079,8 @@ STATUS: Final = Obj(
                 "heldSince": Str(format=_TIME, description="Since when the incomplete gang has held pods."),
                 "releases": Int(description="How many times the incomplete gang's pods were deleted to free what they held."),
                 "releasedAt": Str(format=_TIME, description="When they were last deleted."),
+                "probe": Str(description="After a back-off, the one pod tried first; the rest follow once it exists."),
+                "probed": Bool(description="The probe was taken: the rest of the gang is created at once."),
             },
         ),
         "startFailures": Obj(

@@ -35,7 +35,9 @@ restart is used. Once every child exists ``status.refusal`` is removed and Creat
 ``status.refusal`` (written by :func:`handle`): reason, kind and name of the child, code,
 message, cause (what makes two refusals the same), since (the first refusal in a row), lastTime,
 retries, retryAt (no create before then), heldSince (since when the incomplete gang has held pods),
-releases and releasedAt.
+releases and releasedAt, and probe/probed: after a back-off one pod is created first (the
+lowest missing rank), and only once the server took it does the rest of the gang follow, so a
+refused gang of thousands of pods costs one refused request per retry, not thousands.
 """
 
 from __future__ import annotations
@@ -228,6 +230,11 @@ def handle(p: Pass) -> None:
         new.setdefault("since", at)
         new.setdefault("releases", 0)
         new.setdefault("heldSince", at)
+        new.pop("probe", None)
+        new.pop("probed", None)
+    elif new.get("probe") and any(pod.name == new["probe"] and not pod.deleting for pod in p.current().values()):
+        new.pop("probe")
+        new["probed"] = True  # the server took the probe: the rest of the gang goes at once
     holding = [pod for pod in p.current().values() if not pod.deleting and not pod.finished]
     held = parse_time(new.get("heldSince"))
     if holding and held is not None and (p.now - held).total_seconds() >= RELEASE_SECONDS:
@@ -250,6 +257,13 @@ def handle(p: Pass) -> None:
         p.configmap = False
         p.workload = False
         p.requeue.append((retry_at - p.now).total_seconds())
+    elif p.create and not new.get("probed"):
+        # The back-off is over: one pod tries first, so a refused gang of thousands is not sent
+        # again whole every retry; once the server takes it, the rest follows at once.
+        first = min(p.create)
+        p.create[:] = [first]
+        restart = p.create_restart if p.create_restart is not None else p.restart
+        new["probe"] = names.pod_name(p.o.job, restart, first)
     p.new["refusal"] = new
     created = sum(1 for pod in p.current().values() if not pod.deleting)
     left = max(0, int((retry_at - p.now).total_seconds())) if retry_at is not None else 0

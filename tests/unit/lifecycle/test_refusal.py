@@ -50,7 +50,7 @@ def test_the_same_refusal_again_is_retried_with_growing_back_off_and_no_new_even
     new = apply(st, run(st=st, pods=gang("Pending")[:2], rejection=refused(2)))
     t1 = NOW + dt.timedelta(seconds=3)
     plan = run(st=new, pods=gang("Pending")[:2], rejection=refused(2), now=t1)
-    assert plan.create == (2, 3), "the back-off is over: the missing pods are tried again"
+    assert plan.create == (2,), "the back-off is over: the first missing pod is tried again"
     assert plan.events == ()
     plan = run(st=new, pods=gang("Pending")[:2], rejection=refused(3, at=t1), now=t1)
     again = apply(new, plan)
@@ -105,7 +105,23 @@ def test_an_incomplete_gang_releases_its_pods_after_the_bound_without_using_a_re
     assert (after["phase"], after["restarts"]) == ("Pending", 0)
     assert plan.create == () and plan.delete_pods == ()
     plan = run(st=after, pods=(), now=at + dt.timedelta(seconds=refusal.RELEASE_WAIT_SECONDS[0]))
-    assert plan.create == (0, 1, 2, 3), "the whole gang is tried again"
+    assert plan.create == (0,), "the gang is tried again, one pod first"
+
+
+def test_after_a_back_off_one_pod_probes_and_the_rest_follows_once_it_exists():
+    st = status("Pending")
+    new = apply(st, run(st=st, rejection=refused(0, text=PSA)))
+    later = NOW + dt.timedelta(seconds=refusal.RETRY_SECONDS[0])
+    plan = run(st=new, now=later)
+    assert plan.create == (0,), "a gang of any size costs one refused request per retry"
+    probing = apply(new, plan)
+    assert probing["refusal"]["probe"] == pod_name(0)
+    plan = run(st=probing, pods=gang("Pending")[:1], now=later + dt.timedelta(seconds=1))
+    assert plan.create == (1, 2, 3), "the server took the probe: the rest at once"
+    done = apply(probing, plan)
+    assert done["refusal"]["probed"] is True
+    final = apply(done, run(st=done, pods=gang("Pending"), now=later + dt.timedelta(seconds=2)))
+    assert "refusal" not in final and cond(final, "Created")["status"] == "True"
 
 
 def test_the_refusal_is_cleared_once_every_pod_exists():
