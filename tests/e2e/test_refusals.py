@@ -114,6 +114,26 @@ def test_a_quota_refusal_is_named_announced_once_retried_and_an_incomplete_gang_
     assert created["status"] == "True", created
 
 
+def test_a_refused_service_is_named_and_holds_the_pods_back(running_operator, namespace):
+    c = running_operator
+    core = client.CoreV1Api(c.api_client())
+    core.create_namespaced_resource_quota(namespace, {"metadata": {"name": "no-services"}, "spec": {"hard": {"services": "0"}}})
+    wait_until(lambda: (core.read_namespaced_resource_quota("no-services", namespace).status.hard or {}).get("services") == "0",
+               30, "the ResourceQuota's status written by kube-controller-manager")
+    apply(c, namespace, job_manifest("nosvc", [("procs", 2)], ["-m", "train"], kwok=True))
+    job = wait_job(c, namespace, "nosvc", lambda j: status_of(j).get("reason") == "QuotaExceeded", 30,
+                   "status.reason QuotaExceeded")
+    st = status_of(job)
+    service = names.service_name(job_ref(job), 0)
+    assert f"Service {service} refused by ResourceQuota no-services of namespace {namespace}: services: requested 1" \
+        in st["message"], st["message"]
+    assert st["refusal"]["kind"] == "Service"
+    assert job_pods(c, namespace, "nosvc") == [], "no pod goes without its master Service"
+    core.delete_namespaced_resource_quota("no-services", namespace)
+    job = wait_phase(c, namespace, "nosvc", "Running", timeout=60)
+    assert "refusal" not in status_of(job)
+
+
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}
 
 
