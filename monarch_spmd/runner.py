@@ -676,6 +676,7 @@ def _run_gang(plan: _Plan, restart: int, out: gang.Prefixer, note: Any, deadline
     stopped_by: int | None = None
     handled: set[int] = set()
     lost: list[tuple[str, int]] = []  # a killed worker that could not be replaced: why, and its code
+    coordinator_gone: int | None = None  # rank 0's worker ended without a verdict: its exit code
     try:
         try:
             group.start()
@@ -693,6 +694,13 @@ def _run_gang(plan: _Plan, restart: int, out: gang.Prefixer, note: Any, deadline
                     group.stop()
                 if not expired and stopped_by is None and view.final is None and not lost:
                     lost.extend(_replace_lost(plan, group, view, note, handled))
+                if (coordinator_gone is None and group.procs[0].code is not None and view.final is None
+                        and not expired and stopped_by is None):
+                    time.sleep(0.2)  # a verdict on its way decides first
+                    _follow(view, note, world)
+                    if view.final is None:  # rank 0's worker (the coordinator) ended without one
+                        coordinator_gone = group.procs[0].code
+                        group.stop()  # those still waiting for it would wait out the rendezvous timeout
                 if not alive:
                     break
         except _Interrupted as e:
@@ -751,6 +759,9 @@ def _run_gang(plan: _Plan, restart: int, out: gang.Prefixer, note: Any, deadline
     last = int(final["round"]) if final is not None else view.round
     why = _failed_words(final) if final is not None else (
         f"the worker of rank 0 {_how({'exit_code': group.procs[0].code, 'returncode': group.procs[0].returncode})}")
+    if final is None and coordinator_gone and policy.is_permanent(s, coordinator_gone, None):
+        note(f"job failed: {why} (not retryable)")
+        return coordinator_gone
     if last >= s.max_restarts:
         for line in _table(view, final or {"round": last}, world):
             note(line)

@@ -729,8 +729,8 @@ class Agent:
                     return 0
                 self._stop_and_wait()
                 where = f"{self.s.coordinator[0]}:{self.s.coordinator[1]}" if self.s.coordinator else "?"
-                return self._give_up(f"lost the coordinator at {where} (the rank-0 pod's agent); the gang must be "
-                                     "recreated", rendezvous.REASON_COORDINATOR_LOST)
+                return self._give_up(f"lost the coordinator at {where} (the rank-0 pod's agent)",
+                                     rendezvous.REASON_COORDINATOR_LOST)
 
     # --- one round -------------------------------------------------------------------------------
 

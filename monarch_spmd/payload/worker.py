@@ -815,11 +815,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     else:
         where = (f"rank {rank}/{world} coords {contract.format_mesh(zip(names, inputs.coords))} of mesh {mesh}, "
                  f"local rank {env['LOCAL_RANK']}/{env['LOCAL_WORLD_SIZE']}")
-    _err(
-        f"{where}, master {inputs.master_addr}:{inputs.master_port}, "
-        f"restart {inputs.restart_count}/{inputs.max_restarts}, pid {os.getpid()}, running {' '.join(command[1:])}"
-    )
-    try:
+    try:  # the start line inside: a Ctrl-C right after it is still this wait's
+        _err(
+            f"{where}, master {inputs.master_addr}:{inputs.master_port}, "
+            f"restart {inputs.restart_count}/{inputs.max_restarts}, pid {os.getpid()}, running {' '.join(command[1:])}"
+        )
         wait_for_master(inputs.master_addr, inputs.master_port, timeout=inputs.rendezvous_timeout)
     except RendezvousTimeout as e:
         _err(f"rendezvous timeout: {e}")

@@ -101,3 +101,28 @@ def test_killing_a_worker_leaves_none_of_its_ranks_and_the_runner_replaces_it(sp
     for rank in range(3):
         assert f"resume_training rank {rank} done at step 30 (restart 1, all_reduce sum ok)" in out, out
     assert ps_pids({worker, rank2}) == []
+
+
+def test_killing_rank_0s_worker_recreates_the_gang_on_the_same_port(spawn, tmp_path):
+    # The local twin of losing the rank-0 pod: the coordinator is gone, so the gang is recreated.
+    proc = spawn(cli_cmd("run", "--mesh", "hosts=2", "--max-restarts", "1", "--grace-period", "3", "--",
+                         "-m", f"{PROGRAMS}.resume_training", "--checkpoint-dir", str(tmp_path), "--steps", "25",
+                         "--step-seconds", "0.2"))
+    proc.wait_for(r"resume_training rank \d pid \d+ restart 0", count=2)
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"rank{r}.json").exists() for r in range(2)):  # a step done: a checkpoint
+        assert time.monotonic() < deadline, proc.text
+        time.sleep(0.1)
+    worker = int(re.search(r"\[rank 0\] monarch-spmd worker: rank 0/2 .* pid (\d+)", proc.text).group(1))
+    rank0 = int(re.search(r"resume_training rank 0 pid (\d+) restart 0", proc.text).group(1))
+    os.kill(worker, signal.SIGKILL)
+    assert proc.finish(180) == 0, proc.text
+    out = proc.text
+    assert f"the worker of rank 0 was killed by SIGKILL (exit code 137); recreating the gang (restart 1 of at most 1)" in out
+    assert "new gang at restart 1: 2 ranks" in out
+    masters = set(re.findall(r"resume_training rank \d pid \d+ restart \d from step \d+ master (\S+)", out))
+    assert len(masters) == 1, masters
+    for rank in range(2):
+        assert re.search(rf"resume_training rank {rank} pid \d+ restart 1 from step [1-9]", out), out
+        assert f"resume_training rank {rank} done at step 25 (restart 1, all_reduce sum ok)" in out
+    assert ps_pids({worker, rank0}) == []
