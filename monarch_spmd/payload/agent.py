@@ -130,8 +130,6 @@ class _Conn:
         self.role: str | None = None
         self.member: int | None = None
         self.heard = now
-        self.sent = now
-        self.closing = False
 
 
 class CoordinatorServer:
@@ -155,7 +153,7 @@ class CoordinatorServer:
         self.observers: list[_Conn] = []
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._serve, name="monarch-spmd-coordinator", daemon=True)
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # the state machine's: taken again when a send finds a peer gone
 
     def start(self) -> None:
         with self.lock:
@@ -274,8 +272,6 @@ class CoordinatorServer:
                 if out.drop:
                     if old is not None and old is not conn:
                         self._send(old, rendezvous.encode(out.message))
-                        old.closing = True
-                        self._flush(old)
                         self._close(old)
                     continue
                 self._apply([out])
@@ -317,7 +313,6 @@ class CoordinatorServer:
         if conn.sock not in self.conns:
             return
         conn.out += data
-        conn.sent = time.monotonic()
         self._flush(conn)
 
     def _flush(self, conn: _Conn) -> None:
@@ -349,12 +344,8 @@ class CoordinatorServer:
         self._close(conn)
         if member is not None and self.by_member.get(member) is conn:
             del self.by_member[member]
-            with_lock = self.lock.acquire(blocking=False)
-            try:
+            with self.lock:
                 self._apply(self.machine.lost(member, reason, time.monotonic()))
-            finally:
-                if with_lock:
-                    self.lock.release()
 
     def _close(self, conn: _Conn) -> None:
         if conn.sock not in self.conns:
@@ -374,8 +365,6 @@ class CoordinatorServer:
             except OSError:
                 pass
         conn.sock.close()
-        if conn.member is not None and self.by_member.get(conn.member) is conn:
-            pass
 
 
 # --- the member's side -------------------------------------------------------------------------------
@@ -568,7 +557,6 @@ class Agent:
         self.exited_sent = False
         self.stop_asked = False
         self.oom_base: int | None = None
-        self.last_reported = -1.0
 
     # --- output ----------------------------------------------------------------------------------
 
@@ -758,7 +746,10 @@ class Agent:
         self.oom_base = oom_kills()
         self.group = gang.Gang(members, self.out, self.s.grace, on_failure=self._on_failure,
                                preexec=parent_death_hook(signal.SIGKILL), selector=self.selector)
-        self.group.start()
+        self.group.start(between=self._heartbeat)  # a slow start must not look like a lost agent
+        if self.received:  # a signal came while they started: they get it too
+            self.group.grace = self.s.grace if os.getppid() != self.parent else 1e9
+            self.group.stop(self.received[0])
         if self.link is not None:
             self.link.send({"type": rendezvous.RUNNING, "round": r,
                             "procs": [{"rank": p.member.rank, "local_rank": p.member.local_rank, "pid": p.pid}

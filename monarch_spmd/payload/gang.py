@@ -324,10 +324,13 @@ class Gang:
         self.killed = False
         self.finished = False
 
-    def start(self) -> None:
-        """Starts every member at once, each in its own process group."""
+    def start(self, between: Callable[[], None] | None = None) -> None:
+        """Starts every member at once, each in its own process group (``between`` is called after
+        each start: the agent's heartbeat)."""
         for member in self.members:
             self.procs.append(self._spawn(member))
+            if between is not None:
+                between()
 
     def _spawn(self, member: Member) -> Proc:
         popen = subprocess.Popen(
