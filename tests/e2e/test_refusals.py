@@ -1,7 +1,7 @@
 """End-to-end: every refusal of a job's children by the API server is visible, named and acted on.
 
-The real API server's own admission refuses the pods: a ResourceQuota (``pods: 1`` under a
-2-proc job), Pod Security admission (a namespace labelled ``pod-security.kubernetes.io/enforce:
+The real API server's own admission refuses the children: a ResourceQuota (``pods: 1`` under a
+2-proc job; ``services: 0``, which refuses the master Service), Pod Security admission (a namespace labelled ``pod-security.kubernetes.io/enforce:
 restricted``; kube-apiserver 1.34 enables the PodSecurity plugin by default, and its refusal here
 is the proof), and pod validation (a template quantity no pod may have). What a user sees is
 checked: ``status.reason``/``message`` (``kubectl get -o wide``), ``monarch-spmd status``, Warning
