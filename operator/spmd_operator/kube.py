@@ -17,8 +17,11 @@ metrics use.
 
 Writes (create, patch, replace, delete) pass two gates:
 
-* the fence (``may_write``, set by the leader elector): checked before every attempt, so a
-  replica that cannot prove it still holds the Lease sends nothing (:class:`Fenced`);
+* the fence (``may_write``, set by the leader elector): checked before every attempt AND at the
+  last moment, once the request has its connection and its bytes are about to be written (a
+  request waiting for a connection or a TLS handshake while the process was paused would
+  otherwise go out after the pause): a replica that cannot prove it still holds the Lease sends
+  nothing (:class:`Fenced`);
 * a fair limiter: at most ``concurrency`` writes in flight, and a free slot goes to the job that
   has waited longest in turn (round robin over jobs), so a job creating 4,096 pods does not make
   a 4-pod job queue behind all of them.
@@ -57,6 +60,8 @@ REQUEST_TIMEOUT: Final = 60.0
 RETRIES: Final = 4
 RETRY_BACKOFF: Final = (0.2, 0.5, 1.0, 2.0)
 USER_AGENT: Final = "spmdjob-operator"
+#: Marks a request for the last-moment fence check; removed before the request is written.
+_FENCE_HEADER: Final = "X-Spmdjob-Fenced"
 
 Observer = Callable[[str, str], None]
 Login = Callable[[], "kopf.ConnectionInfo"]
@@ -289,6 +294,19 @@ def _run_exec_plugin(info: kopf.ConnectionInfo, plugin: Mapping[str, Any]) -> ko
 # --- the client -------------------------------------------------------------------------------
 
 
+def _fenced_request_class(api: Kube) -> type[aiohttp.ClientRequest]:
+    """aiohttp's request, asking ``api``'s fence once more right before its bytes are written."""
+
+    class FencedRequest(aiohttp.ClientRequest):
+        async def send(self, conn: Any) -> Any:
+            if self.headers.pop(_FENCE_HEADER, None) is not None:
+                api._fence(self.method, self.url.path)
+            return await super().send(conn)
+
+    return FencedRequest
+
+
+
 class Kube:
     """Raw JSON requests to the API server; writes fenced and fairly limited.
 
@@ -334,7 +352,7 @@ class Kube:
                                              limit=self.concurrency + 16)
             self._session = aiohttp.ClientSession(
                 base_url=info.server.rstrip("/") + "/", connector=connector, trust_env=info.trust_env,
-                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT))
+                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT), request_class=_fenced_request_class(self))
             self._headers = {**info.as_http_headers(), "Accept": "application/json", "User-Agent": self.user_agent}
         return self._session
 
@@ -386,6 +404,8 @@ class Kube:
                 self._fence(method, path)
             session = self._open()
             headers = {**self._headers, "Content-Type": content_type}
+            if fenced:
+                headers[_FENCE_HEADER] = "1"
             try:
                 async with session.request(method, path.lstrip("/"), params=dict(query or {}), data=data,
                                            headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)) as response:

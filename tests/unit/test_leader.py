@@ -33,6 +33,7 @@ class LeaseServer:
         self.stall = False
         self.garbage = False
         self.writes: list[float] = []
+        self.pod_delay = 0.0
         app = web.Application()
         app.router.add_get(f"{LEASE}/{{name}}", self.get)
         app.router.add_post(LEASE, self.post)
@@ -74,6 +75,7 @@ class LeaseServer:
 
     async def pod(self, request: web.Request) -> web.Response:
         self.writes.append(time.monotonic())
+        await asyncio.sleep(self.pod_delay)
         return web.json_response(await request.json(), status=201)
 
 
@@ -205,3 +207,31 @@ def test_an_unexpected_error_in_the_election_stops_leading_and_is_logged(caplog)
     assert not leading and not may_write
     assert alive, "the election goes on campaigning"
     assert any("failed unexpectedly" in r.getMessage() for r in caplog.records)
+
+
+def test_a_write_that_waited_for_a_connection_past_the_deadline_is_not_sent():
+    now = [100.0]
+
+    async def go():
+        server = LeaseServer()
+        server.pod_delay = 0.5
+        api = await client(server, concurrency=1)  # a connection pool of 17
+        e = elector(api, [], clock=lambda: now[0])
+        assert await e.try_acquire_or_renew()
+        e.leading = True
+        pods = "/api/v1/namespaces/ns/pods"
+        busy = [asyncio.create_task(api.request("POST", pods, body={"metadata": {"name": f"b{i}"}}, fenced=True))
+                for i in range(17)]
+        await asyncio.sleep(0.1)  # every connection is taken by a slow write
+        late = asyncio.create_task(api.request("POST", pods, body={"metadata": {"name": "late"}}, fenced=True))
+        await asyncio.sleep(0.1)  # it passed the first check and waits for a connection
+        now[0] += TIMINGS.renew_deadline  # meanwhile the process was paused past its deadline
+        await asyncio.gather(*busy)
+        with pytest.raises(kube.Fenced):
+            await late
+        writes = len(server.writes)
+        await api.close()
+        await server.runner.cleanup()
+        return writes
+
+    assert asyncio.run(go()) == 17, "the write that waited was checked again before it went out"
