@@ -298,10 +298,25 @@ def _fenced_request_class(api: Kube) -> type[aiohttp.ClientRequest]:
     """aiohttp's request, asking ``api``'s fence once more right before its bytes are written."""
 
     class FencedRequest(aiohttp.ClientRequest):
+        fenced = False
+
         async def send(self, conn: Any) -> Any:
             if self.headers.pop(_FENCE_HEADER, None) is not None:
+                self.fenced = True
                 api._fence(self.method, self.url.path)
             return await super().send(conn)
+
+        async def write_bytes(self, writer: Any, conn: Any, *args: Any, **kwargs: Any) -> None:
+            # The headers are only buffered until the body goes; before Python 3.12 the body is
+            # written by a task of its own, a loop iteration (or a pause) after send(). Refused
+            # here, nothing is written and the request fails as a failed body write would.
+            if self.fenced:
+                try:
+                    api._fence(self.method, self.url.path)
+                except Fenced as e:
+                    conn.protocol.set_exception(e)
+                    return
+            await super().write_bytes(writer, conn, *args, **kwargs)
 
     return FencedRequest
 

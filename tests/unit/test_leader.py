@@ -235,3 +235,36 @@ def test_a_write_that_waited_for_a_connection_past_the_deadline_is_not_sent():
         return writes
 
     assert asyncio.run(go()) == 17, "the write that waited was checked again before it went out"
+
+
+def test_a_write_whose_body_waits_for_the_loop_past_the_deadline_is_not_sent(monkeypatch):
+    """aiohttp buffers the headers and writes the body in a task of its own: a pause between the
+    two (the process stopped right after send()) must not let the request out afterwards."""
+    import aiohttp
+
+    now = [100.0]
+    original = aiohttp.ClientRequest.send
+
+    async def send_then_pause(self, conn):
+        response = await original(self, conn)
+        if self.method == "POST" and self.url.path.endswith("/pods"):
+            now[0] += TIMINGS.renew_deadline  # stopped here, past the deadline
+        return response
+
+    monkeypatch.setattr(aiohttp.ClientRequest, "send", send_then_pause)
+
+    async def go():
+        server = LeaseServer()
+        api = await client(server)
+        e = elector(api, [], clock=lambda: now[0])
+        assert await e.try_acquire_or_renew()
+        e.leading = True
+        with pytest.raises(kube.Fenced):
+            await asyncio.wait_for(api.request("POST", "/api/v1/namespaces/ns/pods",
+                                               body={"metadata": {"name": "x"}}, fenced=True), timeout=5)
+        writes = len(server.writes)
+        await api.close()
+        await server.runner.cleanup()
+        return writes
+
+    assert asyncio.run(go()) == 0
