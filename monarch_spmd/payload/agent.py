@@ -107,6 +107,17 @@ def _family(addr: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in addr else socket.AF_INET
 
 
+def keepalive(sock: socket.socket) -> None:
+    """TCP keepalive on a protocol connection (see rendezvous.KEEPALIVE_*): a dead peer's node is
+    noticed in seconds by the kernel, whatever the CPU load of either side."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", rendezvous.KEEPALIVE_IDLE), ("TCP_KEEPINTVL", rendezvous.KEEPALIVE_INTERVAL),
+                        ("TCP_KEEPCNT", rendezvous.KEEPALIVE_COUNT)):
+        option = getattr(socket, name, None)
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
 def listen(addr: str, port: int, bind_any: bool) -> socket.socket:
     """The coordinator's listening socket: every interface (IPv6 and IPv4 where both exist) or
     ``addr`` only."""
@@ -139,7 +150,7 @@ class CoordinatorServer:
     is (``hello``). Everything a member says goes to the state machine; what the state machine
     returns is sent to members (one connection per member) and observers (history in their
     ``welcome``, then every event). Heartbeats go out every HEARTBEAT_INTERVAL; a member silent
-    for HEARTBEAT_TIMEOUT is lost.
+    for HEARTBEAT_TIMEOUT is lost, and one whose node is gone sooner, by TCP keepalive.
     """
 
     def __init__(self, sock: socket.socket, machine: rendezvous.Coordinator) -> None:
@@ -215,6 +226,7 @@ class CoordinatorServer:
                 return
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            keepalive(sock)
             self.conns[sock] = _Conn(sock, time.monotonic())
             self.selector.register(sock, selectors.EVENT_READ, None)
 
@@ -398,6 +410,7 @@ class Link:
             try:
                 sock = socket.create_connection((addr, port), timeout=min(5.0, max(0.5, deadline - time.monotonic())))
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                keepalive(sock)
                 sock.settimeout(rendezvous.HEARTBEAT_TIMEOUT)
                 return cls(sock)
             except OSError as e:

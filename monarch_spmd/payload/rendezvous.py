@@ -94,9 +94,16 @@ LOST_HEARTBEAT: Final = "HeartbeatTimeout"
 LOST_SUPERSEDED: Final = "Superseded"
 LOST_NOT_STOPPED: Final = "NotStopped"
 
-#: Seconds between heartbeats, each way; a peer silent for HEARTBEAT_TIMEOUT is lost.
+#: Seconds between heartbeats, each way; a peer silent for HEARTBEAT_TIMEOUT is lost (an agent
+#: alive but stuck). A peer whose node is gone is noticed sooner, by TCP keepalive: the kernel
+#: probes after KEEPALIVE_IDLE seconds of silence, every KEEPALIVE_INTERVAL, KEEPALIVE_COUNT times
+#: (~7 s), and answers probes for a process that is merely starved of CPU (a node starting a
+#: thousand interpreters), which application heartbeats cannot tell from a dead one.
 HEARTBEAT_INTERVAL: Final = 1.0
-HEARTBEAT_TIMEOUT: Final = 10.0
+HEARTBEAT_TIMEOUT: Final = 60.0
+KEEPALIVE_IDLE: Final = 2
+KEEPALIVE_INTERVAL: Final = 1
+KEEPALIVE_COUNT: Final = 5
 #: Seconds between ``progress`` events while a round runs.
 PROGRESS_EVERY: Final = 5.0
 #: How many lines of a failed rank's output travel with its failure.
