@@ -10,5 +10,11 @@ from it (a unit test checks both).
 Modules:
     contract: the torchrun environment as one pure function of mesh coordinates.
     names: the API group, the labels, the container name and the worker's input variables.
-    worker: the process every pod (and every local rank) runs: inputs -> env -> training argv.
+    worker: the process every pod (and every local rank) runs: inputs -> env -> the agent.
+    agent: the worker as torchrun's agent: rounds of processes, restarted in place through a
+        coordinator in rank 0's agent (docs/restart-in-place.md), the watchdog, the progress timeout.
+    rendezvous: the restart-in-place protocol's messages and the coordinator's pure state machine.
+    gang: a round's local processes: start together, stop together, rank-prefixed output.
+    timer: torchrun's file-timer watchdog, served from the agent's loop.
+    failures: which failures are permanent (shared with monarch_spmd.policy).
 """
