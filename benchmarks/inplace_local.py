@@ -40,7 +40,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from benchmarks.common import machine, machine_line, median, table, write_json

@@ -596,7 +596,6 @@ def run(
 
     s = job.spec
     world = s.world_size
-    procs = _procs_per_worker(s)
     if progress_timeout is None:
         progress_timeout = float(getattr(s, "progress_timeout_seconds", None) or 0)
     plan = _Plan(

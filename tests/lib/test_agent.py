@@ -15,8 +15,6 @@ import socket
 import threading
 import time
 
-import pytest
-
 from monarch_spmd.payload import agent, rendezvous
 
 from .conftest import alive, free_port, wait_dead, worker_cmd, worker_inputs

@@ -118,7 +118,7 @@ def test_killing_rank_0s_worker_recreates_the_gang_on_the_same_port(spawn, tmp_p
     os.kill(worker, signal.SIGKILL)
     assert proc.finish(180) == 0, proc.text
     out = proc.text
-    assert f"the worker of rank 0 was killed by SIGKILL (exit code 137); recreating the gang (restart 1 of at most 1)" in out
+    assert "the worker of rank 0 was killed by SIGKILL (exit code 137); recreating the gang (restart 1 of at most 1)" in out
     assert "new gang at restart 1: 2 ranks" in out
     masters = set(re.findall(r"resume_training rank \d pid \d+ restart \d from step \d+ master (\S+)", out))
     assert len(masters) == 1, masters
