@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -236,6 +237,11 @@ def login(settings: kopf.OperatorSettings | None = None) -> kopf.ConnectionInfo:
     settings = settings or kopf.OperatorSettings()
     info = kopf.login_with_service_account(settings=settings)
     if info is not None:
+        # kopf names the server kubernetes.default.svc, which only resolves with cluster DNS in the
+        # pod's resolver; like client-go's in-cluster config, use the address the kubelet gives.
+        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+        if host and port:
+            info = dataclasses.replace(info, server=f"https://{f'[{host}]' if ':' in host else host}:{port}")
         return info
     info = kopf.login_with_kubeconfig(settings=settings)
     if info is None:
@@ -267,8 +273,6 @@ def _exec_plugin() -> dict[str, Any] | None:
 
 def _run_exec_plugin(info: kopf.ConnectionInfo, plugin: Mapping[str, Any]) -> kopf.ConnectionInfo:
     """Runs a client-go credential plugin and folds its ExecCredential into ``info``."""
-    import dataclasses
-
     env = {**os.environ, **{e["name"]: e["value"] for e in plugin.get("env") or []}}
     env["KUBERNETES_EXEC_INFO"] = json.dumps({
         "apiVersion": plugin.get("apiVersion", "client.authentication.k8s.io/v1"), "kind": "ExecCredential",

@@ -77,3 +77,19 @@ def test_an_exec_credential_plugin_is_run_for_a_token(tmp_path: Path) -> None:
     config.write_text(exec_kubeconfig())
     _, server, token = run_operator(config)
     assert (server, token) == ("https://127.0.0.1:9", "plugin-token")
+
+
+def test_in_a_pod_the_server_is_the_address_the_kubelet_gives(tmp_path: Path, monkeypatch) -> None:
+    """kopf's service-account login names https://kubernetes.default.svc, which needs cluster DNS;
+    client-go uses KUBERNETES_SERVICE_HOST/PORT, and so does the operator."""
+    import kopf
+
+    from spmd_operator import kube
+
+    monkeypatch.setattr(kopf, "login_with_service_account",
+                        lambda settings: kopf.ConnectionInfo(server="https://kubernetes.default.svc", token="t"))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    assert kube.login().server == "https://10.0.0.1:443"
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "fd00::1")
+    assert kube.login().server == "https://[fd00::1]:443"
