@@ -72,8 +72,7 @@ def test_not_synced_until_listed_and_not_again_from_a_broken_watch_until_listed_
         inf.start()
         await settle()
         assert inf.synced and sorted(p for p in inf.store[KEY]) == ["a-0", "ghost"]
-        # The server says the watch's version is too old (e.g. it restarted): unsynced at once.
-        relist = asyncio.Event()
+        # The server says the watch's version is too old (e.g. it restarted): it lists again.
         api.lists.insert(0, [pod("a-0")])
         api.events.put_nowait(("ERROR", {"code": 410}))
         await settle()
@@ -81,7 +80,6 @@ def test_not_synced_until_listed_and_not_again_from_a_broken_watch_until_listed_
         assert sorted(inf.store[KEY]) == ["a-0"], "a re-list replaces the store: no ghost stays"
         assert synced_calls == [True, True]
         await inf.stop()
-        del relist
 
     asyncio.run(go())
 
