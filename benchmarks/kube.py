@@ -9,6 +9,9 @@
   FlowSchema before and after a job is the number of requests the server dispatched for it.
 - Watching: a thread per watched collection records when each pod was first seen and first seen
   Running, and when a job's status first reported it Running.
+- Requests by verb (``Identity.count_by_verb``): one more FlowSchema per verb for the same
+  account, matched before its own, so the same counter says how many were GETs, LISTs, WATCHes,
+  writes...; ``requests_of`` sums them with the account's own schema.
 - Process memory: peak resident set (VmHWM) from /proc.
 """
 
@@ -31,6 +34,12 @@ import yaml
 
 BENCH_NAMESPACE = "spmd-bench-system"
 FLOW_PREFIX = "spmd-bench-"
+#: The verbs of resource requests (as API Priority and Fairness sees them: a LIST is not a GET,
+#: a WATCH is neither); ``Identity.count_by_verb`` gives each a FlowSchema.
+VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+#: The bucket of requests to non-resource URLs (discovery, /version...).
+NON_RESOURCE = "nonresource"
 
 
 class ApiError(RuntimeError):
@@ -177,6 +186,29 @@ class Identity:
         }))
         self.kubeconfig.chmod(0o600)
 
+    def verb_schema(self, verb: str) -> str:
+        """The FlowSchema counting this account's requests of one verb (or NON_RESOURCE)."""
+        return f"{self.flow_schema}.{verb}"
+
+    def count_by_verb(self, admin: Kube) -> None:
+        """Adds a FlowSchema per verb (and one for non-resource URLs) for this account, matched
+        before its own schema (precedence 99 < 100) and routed to the same ``exempt`` level: the
+        API server's dispatched-requests counter then splits its requests by verb. Idempotent."""
+        subject = {"kind": "ServiceAccount", "serviceAccount": {"name": self.name, "namespace": BENCH_NAMESPACE}}
+        for verb in (*VERBS, NON_RESOURCE):
+            if verb == NON_RESOURCE:
+                rule = {"subjects": [subject], "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}]}
+            else:
+                rule = {"subjects": [subject], "resourceRules": [{
+                    "verbs": [verb], "apiGroups": ["*"], "resources": ["*"], "clusterScope": True,
+                    "namespaces": ["*"]}]}
+            admin.create("/apis/flowcontrol.apiserver.k8s.io/v1/flowschemas", {
+                "apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "FlowSchema",
+                "metadata": {"name": self.verb_schema(verb)},
+                "spec": {"matchingPrecedence": 99, "priorityLevelConfiguration": {"name": "exempt"},
+                         "rules": [rule]},
+            }, exist_ok=True)
+
 
 _SAMPLE = re.compile(r'^apiserver_flowcontrol_dispatched_requests_total\{([^}]*)\}\s+([0-9.eE+]+)')
 
@@ -195,11 +227,48 @@ def dispatched_by_flow_schema(admin: Kube) -> dict[str, float]:
     return out
 
 
+def _own(ident: Identity, flow_schema: str) -> bool:
+    """Whether a flow schema counts requests of ``ident``: its own, or one of its verb schemas."""
+    return flow_schema == ident.flow_schema or flow_schema.startswith(ident.flow_schema + ".")
+
+
 def requests_of(admin: Kube, ident: Identity | Sequence[Identity]) -> int:
     """Requests dispatched so far for an identity (or the sum over several)."""
     idents = [ident] if isinstance(ident, Identity) else list(ident)
     counts = dispatched_by_flow_schema(admin)
-    return int(sum(counts.get(i.flow_schema, 0) for i in idents))
+    return int(sum(v for fs, v in counts.items() if any(_own(i, fs) for i in idents)))
+
+
+def requests_by_verb(counts: dict[str, float], ident: Identity) -> dict[str, int]:
+    """{verb: requests} of ``ident`` in a :func:`dispatched_by_flow_schema` reading, for an
+    identity given ``count_by_verb``; what no verb schema matched is under ``"other"``."""
+    out = {verb: int(counts.get(ident.verb_schema(verb), 0)) for verb in (*VERBS, NON_RESOURCE)}
+    out["other"] = int(counts.get(ident.flow_schema, 0))
+    return out
+
+
+_REQUEST_TOTAL = re.compile(r'^apiserver_request_total\{([^}]*)\}\s+([0-9.eE+]+)')
+
+
+def metrics_snapshot(admin: Kube) -> dict:
+    """One read of the API server's /metrics: ``flow`` ({flow schema: dispatched requests}) and
+    ``requests`` ({"VERB group/resource[/subresource]": apiserver_request_total, every client})."""
+    text = admin.get("/metrics")
+    flow: dict[str, float] = {}
+    requests: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m:
+            fs = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1))).get("flow_schema", "")
+            flow[fs] = flow.get(fs, 0.0) + float(m.group(2))
+            continue
+        m = _REQUEST_TOTAL.match(line)
+        if m:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+            res = "/".join(x for x in (labels.get("group"), labels.get("resource"), labels.get("subresource")) if x)
+            key = f"{labels.get('verb', '?')} {res or '-'}"
+            requests[key] = requests.get(key, 0.0) + float(m.group(2))
+    return {"flow": flow, "requests": requests}
 
 
 def wait_quiet(admin: Kube, ident: Identity | Sequence[Identity], quiet: float = 2.0, limit: float = 30.0,

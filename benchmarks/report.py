@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from benchmarks import gang_restart, launch_overhead, operator_scale
+from benchmarks import gang_restart, launch_overhead, many_jobs_report, operator_scale
 from benchmarks.common import OUT_DIR
 
 SECTIONS = (
@@ -28,6 +28,7 @@ SECTIONS = (
     ("operator_scale_pytorchjob", "Operator scale, PyTorchJob against the floor", operator_scale.render),
     ("operator_scale_profile", "Operator scale, the profiled run", operator_scale.render),
     ("gang_restart", "Gang restart", gang_restart.render),
+    ("many_jobs", "Many jobs at once", many_jobs_report.render),
 )
 
 
