@@ -423,9 +423,10 @@ def test_200_jobs_created_and_deleted_leave_the_caches_at_their_baseline(running
     jobs = [job_manifest(f"m{i}", [("procs", 1)], ["-m", "train"], kwok=True) for i in range(200)]
     c.kubectl("apply", "-n", namespace, "-f", "-", timeout=180,
               input="\n---\n".join(json.dumps(j) for j in jobs))
-    peak = wait_until(lambda: (m := cache_entries(port)).get("pods/objects", 0) >= baseline.get("pods/objects", 0) + 200
-                      and m, 300, "every job's pod in the pod informer")
-    assert peak["controller/jobs"] >= baseline.get("controller/jobs", 0) + 200
+    # (Jobs of earlier tests may still be going away meanwhile: the baseline only shrinks.)
+    peak = wait_until(lambda: (m := cache_entries(port)).get("pods/objects", 0) >= 200 and m, 300,
+                      "every job's pod in the pod informer")
+    assert peak["controller/jobs"] >= 200
     c.kubectl("delete", "spmdjob", "--all", "-n", namespace, "--wait=false", timeout=120)
 
     def settled():
