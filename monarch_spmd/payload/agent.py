@@ -76,6 +76,9 @@ class Settings:
         timer_file: TORCHELASTIC_TIMER_FILE, or None for a fresh path.
         bind_any: the coordinator listens on every interface (a pod) rather than on the
             coordinator address only (a local run on loopback).
+        output_in_failures: a failure report, the termination message and the heartbeats carry
+            lines of the processes' output (MONARCH_SPMD_FAILURE_OUTPUT=Tail); False: only what
+            the agent itself says (rank, exit code, reason).
     """
 
     member: int
@@ -98,6 +101,7 @@ class Settings:
     watchdog: bool = False
     timer_file: str | None = None
     bind_any: bool = True
+    output_in_failures: bool = True
 
 
 # --- sockets ---------------------------------------------------------------------------------------
@@ -778,10 +782,11 @@ class Agent:
             for proc in self.group.running():
                 idle = now - proc.last_output
                 if idle >= self.s.progress_timeout and proc.reason is None:
-                    last = proc.last_line or "(no output)"
-                    self.group.kill(proc, rendezvous.REASON_NO_PROGRESS,
-                                    f"rank {proc.member.rank} wrote nothing for {idle:.0f}s (progress timeout "
-                                    f"{self.s.progress_timeout:g}s); last line: {last}")
+                    message = (f"rank {proc.member.rank} wrote nothing for {idle:.0f}s (progress timeout "
+                               f"{self.s.progress_timeout:g}s)")
+                    if self.s.output_in_failures:
+                        message += f"; last line: {proc.last_line or '(no output)'}"
+                    self.group.kill(proc, rendezvous.REASON_NO_PROGRESS, message)
         return alive
 
     def _select(self, timeout: float) -> None:
@@ -846,10 +851,13 @@ class Agent:
                 reason = rendezvous.REASON_OOM
         if reason is None:
             reason = rendezvous.REASON_SIGNAL if (proc.returncode or 0) < 0 else rendezvous.REASON_ERROR
-        message = proc.message or _error_file_message(proc.member.logs.error_file if proc.member.logs else None)
+        message = proc.message
+        if self.s.output_in_failures:
+            message = message or _error_file_message(proc.member.logs.error_file if proc.member.logs else None)
         if not message:
             message = f"rank {proc.member.rank} {self._how(proc)}"
-        return {**proc.row(), "reason": reason, "message": message, "tail": list(proc.tail),
+        tail = list(proc.tail) if self.s.output_in_failures else []
+        return {**proc.row(), "reason": reason, "message": message, "tail": tail,
                 "at": proc.exited_at or time.time()}
 
     def _end_round(self) -> gang.Gang:
@@ -897,7 +905,7 @@ class Agent:
                 now = time.monotonic()
                 stalest = min(running, key=lambda p: p.last_output)
                 beat.update(idle=round(now - stalest.last_output, 3), rank=stalest.member.rank,
-                            line=stalest.last_line[-200:])
+                            line=stalest.last_line[-200:] if self.s.output_in_failures else "")
         link.send(beat)
 
     # --- endings ---------------------------------------------------------------------------------
@@ -944,7 +952,8 @@ class Agent:
         if verdict.line:
             if verdict.say:
                 self.out.line(2, verdict.line)
-            text = "\n".join([*verdict.tail, verdict.line]) + "\n"
+            tail = list(verdict.tail) if self.s.output_in_failures else []
+            text = "\n".join([*tail, verdict.line]) + "\n"
             data = text.encode("utf-8", "replace")[-TERMINATION_LIMIT:]
             if os.path.exists(TERMINATION_LOG):  # the kubelet's file, in a pod only
                 try:

@@ -69,6 +69,12 @@ JOIN_TIMEOUT_VAR: Final = "MONARCH_SPMD_JOIN_TIMEOUT"
 MEMBER_FAILURE_LIMIT_VAR: Final = "MONARCH_SPMD_MEMBER_FAILURE_LIMIT"
 PROGRESS_TIMEOUT_VAR: Final = "MONARCH_SPMD_PROGRESS_TIMEOUT"
 STOP_GRACE_VAR: Final = "MONARCH_SPMD_STOP_GRACE"
+#: spec.failureOutput: whether a failure carries the last lines of the rank's output (Tail) or not
+#: (None: the termination message, the observer stream and status name the rank, code and reason only).
+FAILURE_OUTPUT_VAR: Final = "MONARCH_SPMD_FAILURE_OUTPUT"
+FAILURE_OUTPUT_TAIL: Final = "Tail"
+FAILURE_OUTPUT_NONE: Final = "None"
+FAILURE_OUTPUTS: Final = (FAILURE_OUTPUT_TAIL, FAILURE_OUTPUT_NONE)
 # torchrun's --log-dir, --redirects and --tee (set by the local runner).
 LOG_DIR_VAR: Final = "MONARCH_SPMD_LOG_DIR"
 REDIRECTS_VAR: Final = "MONARCH_SPMD_REDIRECTS"

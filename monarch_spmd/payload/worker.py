@@ -72,6 +72,9 @@ MONARCH_SPMD_PROGRESS_TIMEOUT       ``0`` (default: off)        seconds without 
                                                                 before it fails (NoProgress)
 MONARCH_SPMD_STOP_GRACE             ``30`` (default)            seconds from SIGTERM to SIGKILL when
                                                                 the agent stops its processes
+MONARCH_SPMD_FAILURE_OUTPUT         ``Tail`` (default),         ``None``: no line of the processes'
+                                    ``None``                    output in failure reports, the
+                                                                termination message or heartbeats
 MONARCH_SPMD_LOG_DIR                unset (default)             torchrun's ``--log-dir``
 MONARCH_SPMD_REDIRECTS              ``0`` (default), ``3``      torchrun's ``--redirects``
 MONARCH_SPMD_TEE                    ``0`` (default), ``0:3``    torchrun's ``--tee``
@@ -153,6 +156,10 @@ from .names import (
     BACKOFF_VAR,
     COORDS_VAR,
     DISRUPTIONS_VAR,
+    FAILURE_OUTPUT_NONE,
+    FAILURE_OUTPUT_TAIL,
+    FAILURE_OUTPUT_VAR,
+    FAILURE_OUTPUTS,
     JOIN_TIMEOUT_VAR,
     LOG_DIR_VAR,
     MAX_BACKOFF_VAR,
@@ -216,6 +223,7 @@ INPUT_VARS: Final = (
     MEMBER_FAILURE_LIMIT_VAR,
     PROGRESS_TIMEOUT_VAR,
     STOP_GRACE_VAR,
+    FAILURE_OUTPUT_VAR,
     LOG_DIR_VAR,
     REDIRECTS_VAR,
     TEE_VAR,
@@ -273,6 +281,7 @@ class WorkerInputs:
     member_failure_limit: int = rendezvous.DEFAULT_MEMBER_FAILURE_LIMIT
     progress_timeout: float = 0.0
     stop_grace: float = DEFAULT_STOP_GRACE
+    failure_output: str = FAILURE_OUTPUT_TAIL
     log_dir: str | None = None
     redirects: int | dict[int, int] = 0
     tee: int | dict[int, int] = 0
@@ -377,6 +386,7 @@ OPTIONAL_INPUTS: Final = {
     "member_failure_limit": MEMBER_FAILURE_LIMIT_VAR,
     "progress_timeout": PROGRESS_TIMEOUT_VAR,
     "stop_grace": STOP_GRACE_VAR,
+    "failure_output": FAILURE_OUTPUT_VAR,
     "log_dir": LOG_DIR_VAR,
     "redirects": REDIRECTS_VAR,
     "tee": TEE_VAR,
@@ -500,6 +510,10 @@ def read_inputs(environ: Mapping[str, str]) -> WorkerInputs:
     if agent_port is not None and agent_port == master_port and (environ.get(AGENT_ADDR_VAR, "").strip() or master_addr) == master_addr:
         raise WorkerInputError(f"{AGENT_PORT_VAR}: {agent_port} is also {MASTER_PORT_VAR}, which rank 0's TCPStore "
                                "owns; give the coordinator another port (torchrun's rendezvous uses 29400)")
+    failure_output = environ.get(FAILURE_OUTPUT_VAR, "").strip() or FAILURE_OUTPUT_TAIL
+    if failure_output not in FAILURE_OUTPUTS:
+        raise WorkerInputError(f"{FAILURE_OUTPUT_VAR}: {failure_output!r} is not valid; expected one of "
+                               f"{', '.join(FAILURE_OUTPUTS)}")
     try:
         permanent_codes = rendezvous.parse_codes(environ.get(PERMANENT_EXIT_CODES_VAR, ""), PERMANENT_EXIT_CODES_VAR)
         retryable_codes = rendezvous.parse_codes(environ.get(RETRYABLE_EXIT_CODES_VAR, ""), RETRYABLE_EXIT_CODES_VAR)
@@ -534,6 +548,7 @@ def read_inputs(environ: Mapping[str, str]) -> WorkerInputs:
         member_failure_limit=_int_var(environ, MEMBER_FAILURE_LIMIT_VAR, rendezvous.DEFAULT_MEMBER_FAILURE_LIMIT, 1, None),
         progress_timeout=_seconds_var(environ, PROGRESS_TIMEOUT_VAR, 0.0, zero=True),
         stop_grace=_seconds_var(environ, STOP_GRACE_VAR, DEFAULT_STOP_GRACE, zero=True),
+        failure_output=failure_output,
         log_dir=environ.get(LOG_DIR_VAR, "").strip() or None,
         redirects=redirects,
         tee=tee,
@@ -708,6 +723,7 @@ def agent_settings(inputs: WorkerInputs, base: Mapping[str, str]) -> agent.Setti
         watchdog=base.get(timer.ENABLE_VAR, "").strip() == "1",
         timer_file=base.get(timer.FILE_VAR) or None,
         bind_any=bind_any,
+        output_in_failures=inputs.failure_output != FAILURE_OUTPUT_NONE,
     )
 
 

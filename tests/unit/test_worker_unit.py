@@ -82,6 +82,7 @@ def test_input_names_are_the_documented_ones():
         "MONARCH_SPMD_MEMBER_FAILURE_LIMIT",
         "MONARCH_SPMD_PROGRESS_TIMEOUT",
         "MONARCH_SPMD_STOP_GRACE",
+        "MONARCH_SPMD_FAILURE_OUTPUT",
         "MONARCH_SPMD_LOG_DIR",
         "MONARCH_SPMD_REDIRECTS",
         "MONARCH_SPMD_TEE",
