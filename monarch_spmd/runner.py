@@ -103,6 +103,12 @@ LOCAL_FIELDS: Final[Mapping[str, tuple[str, str]]] = {
                                                   "process of the last one is gone"),
     "restartPolicy.replacementTimeoutSeconds": (NOTED, "no pod is replaced locally"),
     "restartPolicy.progressTimeoutSeconds": (HONOURED, ""),
+    "restartPolicy.mode": (NOTED, "a local run always restarts its processes in place, as torchrun does"),
+    "restartPolicy.backoffSeconds": (HONOURED, ""),
+    "restartPolicy.maxBackoffSeconds": (HONOURED, ""),
+    "restartPolicy.backoffResetSeconds": (HONOURED, ""),
+    "restartPolicy.joinTimeoutSeconds": (HONOURED, ""),
+    "failureOutput": (NOTED, "every rank's output is on this terminal"),
     "rendezvousTimeoutSeconds": (HONOURED, ""),
     "activeDeadlineSeconds": (HONOURED, ""),
     "ttlSecondsAfterFinished": (NOTED, "nothing to delete"),
@@ -430,7 +436,10 @@ def _member(plan: _Plan, index: int, restart: int, disruptions: int = 0) -> gang
     base.setdefault("PYTHONUNBUFFERED", "1")
     if timer.FILE_VAR in base and s.world_size // procs > 1:  # one watchdog pipe per worker
         base[timer.FILE_VAR] = f"{base[timer.FILE_VAR]}.{index}"
-    backoff = {} if plan.backoff is None else {"backoff": plan.backoff}
+    backoff: dict[str, Any] = {"backoff": float(s.backoff_seconds) if plan.backoff is None else plan.backoff,
+                               "max_backoff": float(s.max_backoff_seconds),
+                               "backoff_reset": float(s.backoff_reset_seconds),
+                               "join_timeout": float(s.join_timeout_seconds)}
     if plan.member_failure_limit is not None:
         backoff["member_failure_limit"] = plan.member_failure_limit
     logs = {}
@@ -578,7 +587,8 @@ def run(
         logs: torchrun's ``--log-dir``/``--redirects``/``--tee``.
         progress_timeout: seconds without output before a rank fails (NoProgress); default the
             spec's ``restartPolicy.progressTimeoutSeconds``, else off.
-        backoff: the back-off before the second restart in a row (default the agents' 10 s).
+        backoff: the back-off before the second restart in a row (default the spec's
+            ``restartPolicy.backoffSeconds``, 10 s).
         member_failure_limit: restarts in place in a row caused by one worker before the gang is
             recreated instead (default the agents' 3).
         agent_port: the coordinator's port (default a free one).

@@ -122,6 +122,25 @@ POD_REPLACEMENT_TERMINATING_OR_FAILED: Final = "TerminatingOrFailed"
 POD_REPLACEMENT_POLICIES: Final = (POD_REPLACEMENT_FAILED, POD_REPLACEMENT_TERMINATING_OR_FAILED)
 DEFAULT_POD_REPLACEMENT_POLICY: Final = POD_REPLACEMENT_FAILED
 DEFAULT_REPLACEMENT_TIMEOUT: Final = 120
+#: spec.restartPolicy.mode: how a retryable failure restarts the gang. InPlace: the agents in the
+#: pods stop and start the processes again, the pods stay (torchrun's agent, across pods);
+#: RecreatePods: every pod is deleted and the gang created again (the behaviour before InPlace).
+RESTART_IN_PLACE: Final = "InPlace"
+RESTART_RECREATE_PODS: Final = "RecreatePods"
+RESTART_MODES: Final = (RESTART_IN_PLACE, RESTART_RECREATE_PODS)
+DEFAULT_RESTART_MODE: Final = RESTART_IN_PLACE
+#: The restart-in-place back-off and bounds (docs/restart-in-place.md): the agents' defaults.
+DEFAULT_BACKOFF_SECONDS: Final = 10
+DEFAULT_MAX_BACKOFF_SECONDS: Final = 300
+DEFAULT_BACKOFF_RESET_SECONDS: Final = 300
+DEFAULT_JOIN_TIMEOUT_SECONDS: Final = 120
+MAX_BACKOFF_LIMIT: Final = 86400
+MAX_JOIN_TIMEOUT: Final = 86400
+MAX_PROGRESS_TIMEOUT: Final = 7 * 86400
+#: spec.failureOutput: whether the end of the failing rank's output reaches the job's status.
+FAILURE_OUTPUT_TAIL: Final = names.FAILURE_OUTPUT_TAIL
+FAILURE_OUTPUT_NONE: Final = names.FAILURE_OUTPUT_NONE
+FAILURE_OUTPUTS: Final = names.FAILURE_OUTPUTS
 #: spec.scheduling.provider: who admits or gang-schedules the job's pods.
 SCHEDULING_NONE: Final = "None"
 SCHEDULING_KUEUE: Final = "Kueue"
@@ -180,9 +199,16 @@ MAX_CONTAINER_NAME_LENGTH: Final = 63
 MAX_ENV_NAME_LENGTH: Final = 256
 #: Fields that shape the pods: changed only while the job is suspended (as a Job's pod template),
 #: so the pods of one gang never disagree (two MASTER_PORTs, two images). The mesh, podLayout and
-#: mode never change.
+#: mode never change. The restart policy's fields that only the agents in the pods act on (the
+#: restart mode, the progress timeout, the back-off, the join timeout) and failureOutput reach the
+#: pods as their environment, so they shape the pods too: a pod replaced alone must agree with the
+#: gang it joins. The fields the operator judges every restart with again (maxRestarts, the exit
+#: codes and reasons, podReplacementPolicy) change at any time and apply at the next failure.
 POD_SHAPING_FIELDS: Final = ("image", "args", "python", "masterPort", "gpusPerProc", "colocate",
-                             "rendezvousTimeoutSeconds", "shmSize", "scheduling", "template")
+                             "rendezvousTimeoutSeconds", "shmSize", "scheduling", "template", "failureOutput",
+                             "restartPolicy.mode", "restartPolicy.progressTimeoutSeconds",
+                             "restartPolicy.backoffSeconds", "restartPolicy.maxBackoffSeconds",
+                             "restartPolicy.backoffResetSeconds", "restartPolicy.joinTimeoutSeconds")
 
 DNS_1035_LABEL: Final = Pattern("^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS_1123_SUBDOMAIN: Final = Pattern("^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -249,6 +275,12 @@ class JobSpec:
             one has terminated) or ``TerminatingOrFailed`` (it is created at once).
         replacement_timeout_seconds: with ``Failed``, how long the next attempt waits for the old
             pods before it is created anyway.
+        restart_mode: ``InPlace`` (the agents restart the processes in the same pods) or
+            ``RecreatePods`` (every pod is deleted and created again).
+        progress_timeout_seconds: in place, a rank silent this long is hung (NoProgress); None: off.
+        backoff_seconds, max_backoff_seconds, backoff_reset_seconds: in place, the back-off between
+            restarts in a row, its ceiling, and the healthy stretch that resets it.
+        join_timeout_seconds: in place, how long a restart may wait for every pod at its barrier.
         rendezvous_timeout_seconds: how long a worker waits for the master to resolve and accept.
         active_deadline_seconds: the job fails with DeadlineExceeded after running this long.
         ttl_seconds_after_finished: the job is deleted this long after it finished.
@@ -262,6 +294,7 @@ class JobSpec:
         scheduling_queue: the Kueue LocalQueue, or the Volcano queue.
         scheduler_name: the scheduler of the pods (a gang scheduler's), or None for the template's.
         scheduling_timeout_seconds: fail the job when a pod stays unschedulable this long.
+        failure_output: ``Tail`` (the failing rank's last lines reach status and Events) or ``None``.
         template: the pod template (``metadata`` labels/annotations, ``spec``), deep-copied.
     """
 
@@ -278,6 +311,12 @@ class JobSpec:
     permanent_reasons: tuple[str, ...] = ()
     pod_replacement_policy: str = DEFAULT_POD_REPLACEMENT_POLICY
     replacement_timeout_seconds: int = DEFAULT_REPLACEMENT_TIMEOUT
+    restart_mode: str = DEFAULT_RESTART_MODE
+    progress_timeout_seconds: int | None = None
+    backoff_seconds: int = DEFAULT_BACKOFF_SECONDS
+    max_backoff_seconds: int = DEFAULT_MAX_BACKOFF_SECONDS
+    backoff_reset_seconds: int = DEFAULT_BACKOFF_RESET_SECONDS
+    join_timeout_seconds: int = DEFAULT_JOIN_TIMEOUT_SECONDS
     rendezvous_timeout_seconds: int = DEFAULT_RENDEZVOUS_TIMEOUT
     active_deadline_seconds: int | None = None
     ttl_seconds_after_finished: int | None = None
@@ -289,6 +328,7 @@ class JobSpec:
     scheduling_queue: str | None = None
     scheduler_name: str | None = None
     scheduling_timeout_seconds: int | None = None
+    failure_output: str = FAILURE_OUTPUT_TAIL
     template: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=True)
 
     @property
@@ -601,7 +641,8 @@ class FrozenUnlessSuspended(Rule):
     """A pod-shaping field of spec changes only while the job is suspended (a transition rule on spec).
 
     As a Kubernetes Job's pod template: the pods of one gang never disagree. Suspending deletes
-    the pods, so the change applies to every pod of the resumed gang alike.
+    the pods, so the change applies to every pod of the resumed gang alike. ``key`` is a field of
+    spec, or a dotted path into one of its objects (``restartPolicy.mode``).
     """
 
     key: str
@@ -618,17 +659,32 @@ class FrozenUnlessSuspended(Rule):
         return f".{self.key}"
 
     def cel(self) -> str:
+        parts = self.key.split(".")
+
+        def present(root: str) -> str:
+            text = " && ".join(f"has({root}.{'.'.join(parts[:i + 1])})" for i in range(len(parts)))
+            return text if len(parts) == 1 else f"({text})"
+
         k = self.key
         return ("(has(self.suspend) && self.suspend) || (has(oldSelf.suspend) && oldSelf.suspend) || "
-                f"(has(self.{k}) ? (has(oldSelf.{k}) && self.{k} == oldSelf.{k}) : !has(oldSelf.{k}))")
+                f"({present('self')} ? ({present('oldSelf')} && self.{k} == oldSelf.{k}) : !{present('oldSelf')})")
 
     def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
         if old is MISSING or not isinstance(old, Mapping) or value.get("suspend") or old.get("suspend"):
             return
-        if value.get(self.key, MISSING) != old.get(self.key, MISSING):
+        if _dig(value, self.key) != _dig(old, self.key):
             yield f".{self.key}", (f"is immutable while the job is not suspended (it shapes the pods, as a "
                                    "Job's template does): set spec.suspend to true, change it, then set "
                                    "spec.suspend to false; or delete the job and create it again")
+
+
+def _dig(value: Any, path: str) -> Any:
+    """The value at a dotted path of nested mappings, or MISSING."""
+    for part in path.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return MISSING
+        value = value[part]
+    return value
 
 
 # --- the table --------------------------------------------------------------------------------
@@ -649,11 +705,18 @@ RESTART_POLICY: Final = Obj(
     default={},
     flatten=True,
     description=_d("""
-        When the gang is replaced. A failure is retryable unless it matches a permanent rule; on a
-        retryable failure every pod is deleted and the whole gang is created again
-        (TORCHELASTIC_RESTART_COUNT + 1) until maxRestarts is used up, then the job fails. The
-        worker's own exit codes: 64 (bad input) is permanent, 75 (rendezvous timeout) retryable. A
-        pod deleted, evicted or lost under a running job is a retryable failure."""),
+        How the gang restarts. A failure is retryable unless it matches a permanent rule; on a
+        retryable failure the whole gang restarts (TORCHELASTIC_RESTART_COUNT + 1) until
+        maxRestarts is used up, then the job fails. With mode InPlace (default) every pod's worker
+        stops its processes and starts them again in the same pods, as torchrun's agent does; a
+        lost pod other than rank 0's is replaced alone; the gang's pods are recreated when that
+        cannot work (rank 0's pod or a node lost, the same pod failing three times in a row, a
+        round that does not come together within joinTimeoutSeconds). With RecreatePods every
+        failure deletes every pod and creates the gang again. The worker's own exit codes: 64 (bad
+        input) is permanent, 75 (the gang must be recreated) retryable. A pod deleted, evicted or
+        lost under a running job is a retryable failure. mode, progressTimeoutSeconds, the back-off
+        fields and joinTimeoutSeconds reach the pods and change only while the job is suspended;
+        the others change at any time and apply from the next failure."""),
     rules=(schema.Disjoint("permanentExitCodes", "retryableExitCodes",
                            "an exit code must not be both in permanentExitCodes and in retryableExitCodes"),),
     properties={
@@ -693,6 +756,61 @@ RESTART_POLICY: Final = Obj(
                 attempt's pods to terminate before it is created anyway (a pod stuck terminating,
                 e.g. on a lost node, must not hold the job forever). 1..{MAX_REPLACEMENT_TIMEOUT},
                 default {DEFAULT_REPLACEMENT_TIMEOUT}."""),
+        ),
+        "mode": Str(
+            enum=RESTART_MODES, default=DEFAULT_RESTART_MODE, attr="restart_mode",
+            description=_d(f"""
+                How a retryable failure restarts the gang. {RESTART_IN_PLACE} (default): the
+                worker in every pod (torchrun's elastic agent) stops its processes (SIGTERM, then
+                SIGKILL after the pod's terminationGracePeriodSeconds) and starts them again in
+                the same pods, with the same MASTER_ADDR and TORCHELASTIC_RESTART_COUNT + 1, once
+                every process of the gang is gone; a lost pod (deleted, evicted, OOM-killed) other
+                than rank 0's is created again alone while the others wait for it; the whole gang
+                is recreated when that cannot work. {RESTART_RECREATE_PODS}: every failure deletes
+                every pod and creates the gang again. Restarts count against maxRestarts alike. In
+                place, the pods listen on TCP port 29400 (29401 when masterPort is 29400), the
+                container port named spmd-agent, which the operator must reach. mode Monarch
+                always recreates pods."""),
+        ),
+        "progressTimeoutSeconds": Int(
+            minimum=1, maximum=MAX_PROGRESS_TIMEOUT,
+            description=_d(f"""
+                With mode {RESTART_IN_PLACE}: a rank that writes nothing (no byte on stdout or
+                stderr) for this many seconds is hung: it is killed and the gang restarts (reason
+                NoProgress, naming the rank and its last line). For scripts that do not arm
+                torchrun's watchdog (TORCHELASTIC_ENABLE_FILE_TIMER=1 in the trainer's env, with
+                torch.distributed.elastic.timer.expires), which is honoured either way (reason
+                WatchdogTimeout). 1..{MAX_PROGRESS_TIMEOUT}. Unset (default): off."""),
+        ),
+        "backoffSeconds": Int(
+            default=DEFAULT_BACKOFF_SECONDS, minimum=0, maximum=MAX_BACKOFF_LIMIT,
+            description=_d(f"""
+                With mode {RESTART_IN_PLACE}: the first restart after a healthy stretch starts at
+                once; each further restart in a row waits this long, doubled for each one after
+                (10, 20, 40 ... s), at most maxBackoffSeconds. The processes are stopped at once;
+                only the next start waits. 0: no back-off. Default {DEFAULT_BACKOFF_SECONDS}."""),
+        ),
+        "maxBackoffSeconds": Int(
+            default=DEFAULT_MAX_BACKOFF_SECONDS, minimum=0, maximum=MAX_BACKOFF_LIMIT,
+            description=_d(f"""
+                With mode {RESTART_IN_PLACE}: the longest back-off between two restarts.
+                0..{MAX_BACKOFF_LIMIT}, default {DEFAULT_MAX_BACKOFF_SECONDS}."""),
+        ),
+        "backoffResetSeconds": Int(
+            default=DEFAULT_BACKOFF_RESET_SECONDS, minimum=0, maximum=MAX_BACKOFF_LIMIT,
+            description=_d(f"""
+                With mode {RESTART_IN_PLACE}: a round whose processes all ran this long before it
+                failed ends the run of restarts in a row: its restart starts at once again.
+                0..{MAX_BACKOFF_LIMIT}, default {DEFAULT_BACKOFF_RESET_SECONDS}."""),
+        ),
+        "joinTimeoutSeconds": Int(
+            default=DEFAULT_JOIN_TIMEOUT_SECONDS, minimum=1, maximum=MAX_JOIN_TIMEOUT,
+            description=_d(f"""
+                With mode {RESTART_IN_PLACE}: how long, after its back-off, a restart in place may
+                wait for every pod to be back at the start barrier (a pod replaced alone must be
+                scheduled and start in that time) before the agents give up and the whole gang is
+                recreated. Raise it where pods take long to schedule or pull their image.
+                1..{MAX_JOIN_TIMEOUT}, default {DEFAULT_JOIN_TIMEOUT_SECONDS}."""),
         ),
     },
 )
@@ -1004,6 +1122,17 @@ SPEC: Final = Obj(
                 ),
             },
         ),
+        "failureOutput": Str(
+            enum=FAILURE_OUTPUTS, default=FAILURE_OUTPUT_TAIL,
+            description=_d(f"""
+                Whether the end of the failing rank's output reaches what anyone who may read the
+                SPMDJob sees. {FAILURE_OUTPUT_TAIL} (default): its last lines (stdout and stderr,
+                a traceback) are in status.failure.message, the Restarting and failure Events and
+                the pods' termination messages. {FAILURE_OUTPUT_NONE}: never; the failure names
+                the rank, its pod, exit code and reason, and the output stays in the pods' logs
+                (pods/log rights). For jobs whose output may hold secrets. Changes only while the
+                job is suspended."""),
+        ),
         "template": TEMPLATE,
     },
 )
@@ -1027,7 +1156,19 @@ STATUS: Final = Obj(
         "message": Str(description="What the reason means for this job, in one line (kubectl get spmdjob -o wide)."),
         "mesh": Str(description="The ordered mesh as name=size pairs, e.g. hosts=2,gpus=4."),
         "procs": Int(description="The number of procs (pods per attempt)."),
-        "restarts": Int(description="How many times the gang was replaced; the current attempt's number (TORCHELASTIC_RESTART_COUNT)."),
+        "restarts": Int(description=_d("""
+            How many times the gang restarted, in place or by recreating its pods: the current
+            attempt's number (TORCHELASTIC_RESTART_COUNT).""")),
+        "gangRestart": Int(description=_d("""
+            The restart count the current gang of pods was created for: their
+            spmd.monarch.dev/restart label and the master Service they use. Present only while
+            restarts in place have raised restarts above it (mode InPlace).""")),
+        "lastProgressTime": Str(format=_TIME, description=_d("""
+            Mode InPlace: when the rank that has been silent longest last wrote output, as the
+            agents report it (every 5 s) while the gang runs. Written at most every 5 minutes while
+            it moves, so a job whose ranks all write output shows a time within the last 5
+            minutes; a hung rank leaves it behind (see restartPolicy.progressTimeoutSeconds).
+            The metric spmdjob_seconds_since_progress has it at every scrape.""")),
         "disruptions": Int(description=_d("""
             How many of those replacements followed a disruption (a pod preempted, evicted, drained
             or lost with its node): they do not count against restartPolicy.maxRestarts.""")),
@@ -1042,18 +1183,23 @@ STATUS: Final = Obj(
             description=_d("""
                 Root cause of the most recent gang failure: the rank that failed first in that
                 attempt, with its pod, node, exit code, reason and the last lines of its message
-                (the container's termination message, or the end of its log)."""),
+                (the container's termination message, the end of its log, or what its agent
+                reported; none of the program's output with spec.failureOutput None)."""),
             properties={
                 "rank": Int(description="The rank that failed first."),
                 "pod": Str(description="Its pod."),
                 "node": Str(description="The node the pod ran on."),
                 "exitCode": Int(description="The trainer container's exit code (absent when the pod was lost or deleted)."),
-                "reason": Str(description="Why, e.g. Error, OOMKilled, Evicted, PodDeleted, PodMissing, InvalidImageName."),
+                "reason": Str(description=_d("""
+                    Why, e.g. Error, Signal, OOMKilled, WatchdogTimeout, NoProgress, MemberLost,
+                    Evicted, PodDeleted, PodMissing, InvalidImageName.""")),
                 "message": Str(description="The last lines of the termination message or log."),
                 "restart": Int(description="The attempt (restart count) that failed."),
                 "permanent": Bool(description="Whether the failure was judged permanent (no restart)."),
                 "disruption": Bool(description="Whether the cluster took the pod away (preemption, eviction, node loss): not counted against maxRestarts."),
                 "time": Str(format=_TIME, description="When the failure happened (or was observed)."),
+                "inPlace": Bool(description="Whether the gang restarted in place after it (mode InPlace)."),
+                "backoffSeconds": Int(description="In place: how long the next round waited (back-off) before it started."),
             },
         ),
         "refusal": Obj(

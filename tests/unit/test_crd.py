@@ -184,7 +184,10 @@ def test_rule_messages_are_one_line_and_field_paths_point_at_declared_fields(ope
         for v in node.get("x-kubernetes-validations", []):
             assert v["message"] and "\n" not in v["message"], (path, v)
             if "fieldPath" in v:
-                assert v["fieldPath"].lstrip(".") in node.get("properties", {}), (path, v)
+                target = node
+                for part in v["fieldPath"].lstrip(".").split("."):  # a nested path walks the objects
+                    target = target.get("properties", {}).get(part)
+                    assert target is not None, (path, v)
 
 
 # --- the table and JobSpec ---------------------------------------------------------------------
@@ -410,6 +413,38 @@ def test_pod_shaping_fields_change_only_while_suspended(key, value):
     relaxed = with_spec(activeDeadlineSeconds=60, restartPolicy={"maxRestarts": 5})
     assert cel_failures(schema.validate(specmod.ROOT, relaxed, reset=("status",))[0], old=stored) == []
     assert specmod.check_manifest(relaxed, old=VALID)[1] == []
+
+
+@pytest.mark.parametrize("field,value", [("mode", "RecreatePods"), ("progressTimeoutSeconds", 60),
+                                         ("backoffSeconds", 0), ("maxBackoffSeconds", 60),
+                                         ("backoffResetSeconds", 60), ("joinTimeoutSeconds", 600)])
+def test_restart_fields_the_agents_act_on_change_only_while_suspended(field, value):
+    """They reach the pods as env: a pod replaced alone must agree with the gang it joins."""
+    stored, _ = schema.validate(specmod.ROOT, VALID, reset=("status",))
+    changed = with_spec(restartPolicy={field: value})
+    failed = cel_failures(schema.validate(specmod.ROOT, changed, reset=("status",))[0], old=stored)
+    assert any(f"spec.restartPolicy.{field} shapes the pods" in m for m in failed), failed
+    _, errors = specmod.check_manifest(changed, old=VALID)
+    assert [e.field for e in errors] == [f"spec.restartPolicy.{field}"]
+    suspended_old = copy.deepcopy(stored)
+    suspended_old["spec"]["suspend"] = True
+    new = schema.validate(specmod.ROOT, dict(changed, spec=dict(changed["spec"], suspend=True)), reset=("status",))[0]
+    assert cel_failures(new, old=suspended_old) == []
+    assert specmod.check_manifest(new, old=suspended_old)[1] == []
+    # Stored before the field existed (no restartPolicy at all, or without the field): the
+    # server's defaults fill both sides, so an unrelated update passes.
+    bare = copy.deepcopy(VALID)
+    bare["spec"].pop("restartPolicy", None)
+    same = schema.validate(specmod.ROOT, with_spec(activeDeadlineSeconds=60), reset=("status",))[0]
+    assert cel_failures(same, old=schema.validate(specmod.ROOT, bare, reset=("status",))[0]) == []
+
+
+def test_failure_output_changes_only_while_suspended():
+    stored, _ = schema.validate(specmod.ROOT, VALID, reset=("status",))
+    changed = with_spec(failureOutput="None")
+    failed = cel_failures(schema.validate(specmod.ROOT, changed, reset=("status",))[0], old=stored)
+    assert any("spec.failureOutput shapes the pods" in m for m in failed), failed
+    assert [e.field for e in specmod.check_manifest(changed, old=VALID)[1]] == ["spec.failureOutput"]
 
 
 def test_an_unchanged_value_a_newer_rule_refuses_is_kept_on_update():

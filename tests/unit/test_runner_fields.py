@@ -16,6 +16,8 @@ SAMPLES = {
     "colocate": {"colocate": True},
     "restartPolicy.podReplacementPolicy": {"restartPolicy": {"podReplacementPolicy": "TerminatingOrFailed"}},
     "restartPolicy.replacementTimeoutSeconds": {"restartPolicy": {"replacementTimeoutSeconds": 30}},
+    "restartPolicy.mode": {"restartPolicy": {"mode": "RecreatePods"}},
+    "failureOutput": {"failureOutput": "None"},
     "ttlSecondsAfterFinished": {"ttlSecondsAfterFinished": 60},
     "shmSize": {"shmSize": "1Gi"},
     "scheduling.provider": {"scheduling": {"provider": "Kueue", "queue": "team-a"}},

@@ -240,6 +240,37 @@ def test_pod_replacement_fields_have_their_defaults_and_parse():
     assert spec.max_restarts == 3  # the other defaults of restartPolicy still apply
 
 
+def test_restart_in_place_fields_have_the_agents_defaults_and_parse():
+    from monarch_spmd.payload import rendezvous
+
+    spec = parse_job_spec(MINIMAL)
+    assert (spec.restart_mode, spec.progress_timeout_seconds, spec.failure_output) == ("InPlace", None, "Tail")
+    assert (spec.backoff_seconds, spec.max_backoff_seconds, spec.backoff_reset_seconds, spec.join_timeout_seconds) == (
+        rendezvous.DEFAULT_BACKOFF, rendezvous.DEFAULT_MAX_BACKOFF, rendezvous.DEFAULT_BACKOFF_RESET,
+        rendezvous.DEFAULT_JOIN_TIMEOUT)
+    spec = parse_job_spec(spec_with(failureOutput="None", restartPolicy={
+        "mode": "RecreatePods", "progressTimeoutSeconds": 600, "backoffSeconds": 0, "maxBackoffSeconds": 60,
+        "backoffResetSeconds": 30, "joinTimeoutSeconds": 900}))
+    assert (spec.restart_mode, spec.progress_timeout_seconds, spec.failure_output) == ("RecreatePods", 600, "None")
+    assert (spec.backoff_seconds, spec.max_backoff_seconds, spec.backoff_reset_seconds, spec.join_timeout_seconds) == (
+        0, 60, 30, 900)
+
+
+@pytest.mark.parametrize(("changes", "field", "hint"), [
+    ({"restartPolicy": {"mode": "inPlace"}}, "spec.restartPolicy.mode", "one of InPlace, RecreatePods"),
+    ({"restartPolicy": {"progressTimeoutSeconds": 0}}, "spec.restartPolicy.progressTimeoutSeconds", "1..604800"),
+    ({"restartPolicy": {"backoffSeconds": -1}}, "spec.restartPolicy.backoffSeconds", "0..86400"),
+    ({"restartPolicy": {"maxBackoffSeconds": 86401}}, "spec.restartPolicy.maxBackoffSeconds", "0..86400"),
+    ({"restartPolicy": {"backoffResetSeconds": -5}}, "spec.restartPolicy.backoffResetSeconds", "0..86400"),
+    ({"restartPolicy": {"joinTimeoutSeconds": 0}}, "spec.restartPolicy.joinTimeoutSeconds", "1..86400"),
+    ({"failureOutput": "none"}, "spec.failureOutput", "one of Tail, None"),
+])
+def test_restart_in_place_fields_refuse_bad_values_naming_the_field(changes, field, hint):
+    with pytest.raises(SpecError) as info:
+        parse_job_spec(spec_with(**changes))
+    assert info.value.field == field and hint in str(info.value), str(info.value)
+
+
 def test_whole_floats_are_integers_as_kubectl_sends_them():
     spec = parse_job_spec(spec_with(masterPort=1234.0, mesh=[{"name": "a", "size": 2.0}]))
     assert spec.master_port == 1234 and type(spec.master_port) is int
