@@ -24,11 +24,14 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from .payload import failures
-from .payload.names import PER_HOST, TRAINER_CONTAINER
-from .payload.worker import SCOPE_MESH, SCOPE_POD
-from .spec import JobSpec
+from .payload.names import DEFAULT_AGENT_PORT, MODE_MONARCH, PER_HOST, TRAINER_CONTAINER
+from .payload.worker import DEFAULT_STOP_GRACE, SCOPE_MESH, SCOPE_POD
+from .spec import FAILURE_OUTPUT_NONE, RESTART_IN_PLACE, JobSpec
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"
+#: How every line the worker (the agent) writes itself begins (payload.agent): what status may
+#: show of a failure with failureOutput None, where no line of the program's output may appear.
+WORKER_OUTPUT_PREFIX: Final = "monarch-spmd worker:"
 
 #: Pod or container reasons that no amount of waiting or retrying fixes (the payload's rule).
 FATAL_REASONS: Final = failures.FATAL_REASONS
@@ -124,6 +127,72 @@ def local_rank_scope(spec: JobSpec) -> str:
     if trainer is not None and _gpus_of(trainer):
         return SCOPE_POD
     return SCOPE_MESH
+
+
+def restarts_in_place(spec: JobSpec) -> bool:
+    """Whether the gang restarts in place (restartPolicy.mode InPlace); a Monarch-mode job's pods
+    serve a client, not an argv the agent could restart, so it always recreates its pods."""
+    return spec.restart_mode == RESTART_IN_PLACE and spec.mode != MODE_MONARCH
+
+
+def agent_port(spec: JobSpec) -> int | None:
+    """The restart-in-place coordinator's port in the pods (torchrun's rendezvous port, 29400, or
+    29401 when masterPort takes 29400), or None when the gang does not restart in place."""
+    if not restarts_in_place(spec):
+        return None
+    return DEFAULT_AGENT_PORT + 1 if spec.master_port == DEFAULT_AGENT_PORT else DEFAULT_AGENT_PORT
+
+
+def stop_grace(spec: JobSpec) -> float:
+    """Seconds from SIGTERM to SIGKILL when an agent stops its processes for a restart in place:
+    the pod's own terminationGracePeriodSeconds (30 when the template leaves it unset), so a
+    restart gives a rank the time a pod deletion would."""
+    value = (spec.template.get("spec") or {}).get("terminationGracePeriodSeconds")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    return DEFAULT_STOP_GRACE
+
+
+def in_place_inputs(spec: JobSpec, disruptions: int = 0) -> dict[str, Any]:
+    """The restart-in-place inputs of every pod (the optional keywords of
+    :func:`monarch_spmd.payload.worker.worker_input_env`); empty when the gang does not restart in
+    place, so its pods run as before (the first failure ends the worker with its code).
+
+    Args:
+        spec: the job's spec.
+        disruptions: restarts so far that do not count against maxRestarts (status.disruptions).
+    """
+    port = agent_port(spec)
+    out: dict[str, Any] = {}
+    if spec.failure_output == FAILURE_OUTPUT_NONE:
+        out["failure_output"] = FAILURE_OUTPUT_NONE
+    if port is None:
+        return out
+    out.update(
+        agent_port=port,
+        disruptions=disruptions,
+        permanent_exit_codes=spec.permanent_exit_codes or None,
+        retryable_exit_codes=spec.retryable_exit_codes or None,
+        permanent_reasons=spec.permanent_reasons or None,
+        backoff=float(spec.backoff_seconds),
+        max_backoff=float(spec.max_backoff_seconds),
+        backoff_reset=float(spec.backoff_reset_seconds),
+        join_timeout=float(spec.join_timeout_seconds),
+        progress_timeout=float(spec.progress_timeout_seconds) if spec.progress_timeout_seconds else None,
+        stop_grace=stop_grace(spec),
+    )
+    return out
+
+
+def failure_text(spec: JobSpec, message: str | None) -> str | None:
+    """What of a failure's message may reach the job's status and Events: all of it, or with
+    ``failureOutput: None`` only the worker's own lines (``monarch-spmd worker: ...``), never a
+    line of the program's output (a runtime may copy the end of the log into the termination
+    message whatever the pod asked)."""
+    if not message or spec.failure_output != FAILURE_OUTPUT_NONE:
+        return message
+    kept = [line for line in message.splitlines() if line.startswith(WORKER_OUTPUT_PREFIX)]
+    return "\n".join(kept) or None
 
 
 class UnsupportedLocally(ValueError):

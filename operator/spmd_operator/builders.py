@@ -29,7 +29,13 @@ What a pod gets (docs/interfaces.md is the contract):
   ``torchrun --nproc-per-node=1``), so ``torch.cuda.set_device(LOCAL_RANK)`` picks the pod's own
   GPU; a GPU limit set only in the template gets the same scope. In PerHost, LOCAL_RANK is the
   proc's index in its pod;
-* for a gang scheduler, its schedulerName and the label or annotation of the attempt's PodGroup.
+* for a gang scheduler, its schedulerName and the label or annotation of the attempt's PodGroup;
+* restart in place (restartPolicy.mode InPlace, the default): the restart-in-place inputs
+  (MONARCH_SPMD_AGENT_PORT, the policy, back-off, join and progress timeouts, the stop grace
+  from terminationGracePeriodSeconds, MONARCH_SPMD_DISRUPTIONS) and the container port
+  ``spmd-agent``; a pod replaced alone is named ``<job>-<id>-r<attempt>-<index>-<n>``;
+* failureOutput None: MONARCH_SPMD_FAILURE_OUTPUT=None and terminationMessagePolicy File (the
+  kubelet copies no log into the termination message).
 """
 
 from __future__ import annotations
@@ -203,14 +209,22 @@ def _trainer_index(containers: list[Any]) -> int | None:
     return None
 
 
-def pod_env(job: JobRef, spec: JobSpec, index: int, restart: int) -> list[dict[str, Any]]:
-    """The operator's env of a pod: the downward API variables, then the MONARCH_SPMD_* inputs."""
+def pod_env(job: JobRef, spec: JobSpec, index: int, restart: int, *, restart_count: int | None = None,
+            disruptions: int = 0) -> list[dict[str, Any]]:
+    """The operator's env of a pod: the downward API variables, then the MONARCH_SPMD_* inputs.
+
+    Args:
+        restart: the gang attempt the pod belongs to (its MASTER_ADDR).
+        restart_count: MONARCH_SPMD_RESTART_COUNT, when it is not ``restart``: a pod replaced
+            alone during a restart in place joins the gang's open round.
+        disruptions: restarts so far that do not count against maxRestarts (restart in place).
+    """
     inputs = worker.worker_input_env(
         spec.mesh_pairs,
         pod_coords(spec, index),
         names.master_addr(job, restart),
         spec.master_port,
-        restart_count=restart,
+        restart_count=restart if restart_count is None else restart_count,
         max_restarts=spec.max_restarts,
         run_id=job.uid,
         rendezvous_timeout=spec.rendezvous_timeout_seconds,
@@ -218,6 +232,7 @@ def pod_env(job: JobRef, spec: JobSpec, index: int, restart: int) -> list[dict[s
         pod_layout=spec.pod_layout,
         mode=spec.mode,
         monarch_port=MONARCH_PORT,
+        **policy.in_place_inputs(spec, disruptions),
     )
     env: list[dict[str, Any]] = [
         {"name": var, "valueFrom": {"fieldRef": {"fieldPath": path}}} for var, path in DOWNWARD_ENV
@@ -278,18 +293,36 @@ def _serve_monarch(trainer: dict[str, Any]) -> None:
     trainer.setdefault("readinessProbe", copy.deepcopy(MONARCH_READINESS_PROBE))
 
 
-def build_pod(job: JobRef, spec: JobSpec, index: int, restart: int) -> dict[str, Any]:
+def _serve_agent(trainer: dict[str, Any], port: int) -> None:
+    """Restart in place: the coordinator's container port (every pod declares it; rank 0's listens)."""
+    ports = [dict(p) for p in trainer.get("ports") or []]
+    if not any(p.get("name") == names.AGENT_PORT_NAME or p.get("containerPort") == port for p in ports):
+        ports.append({"name": names.AGENT_PORT_NAME, "containerPort": port, "protocol": "TCP"})
+    trainer["ports"] = ports
+
+
+def build_pod(job: JobRef, spec: JobSpec, index: int, restart: int, *, replacement: int = 0,
+              restart_count: int | None = None, disruptions: int = 0) -> dict[str, Any]:
     """Pod ``index`` of gang attempt ``restart``, merged with the user's pod template.
 
     In the PerProc layout pod ``index`` runs rank ``index``; in PerHost it runs the procs of host
     ``index`` (ranks ``index * L .. index * L + L - 1``, L the last dimension's size) and holds
-    their GPUs (``gpusPerProc * L``).
+    their GPUs (``gpusPerProc * L``). With restartPolicy.mode InPlace every pod gets the
+    restart-in-place inputs (the coordinator's port, the policy, the back-off, the progress
+    timeout, the stop grace: :func:`monarch_spmd.policy.in_place_inputs`) and declares the
+    coordinator's container port ``spmd-agent``; with RecreatePods it gets none of them.
 
     Args:
         job: the owning job.
         spec: the parsed spec (``spec.image`` must be set).
         index: the pod's index in the gang, 0..pods per attempt - 1.
         restart: the gang attempt, 0 first; goes into the name, a label and the env.
+        replacement: restart in place: this pod replaces a lost one of its gang alone, for the
+            ``replacement``-th time for this index (its name gets ``-<replacement>``, its label
+            ``spmd.monarch.dev/replacement``); 0 for the gang's own pods.
+        restart_count: MONARCH_SPMD_RESTART_COUNT when it is not ``restart`` (a replacement
+            joins the gang's open round).
+        disruptions: restarts so far not counted against maxRestarts (status.disruptions).
 
     Raises:
         ValueError: for an index out of range or a spec without an image (parse the spec with
@@ -312,13 +345,19 @@ def build_pod(job: JobRef, spec: JobSpec, index: int, restart: int) -> dict[str,
     else:
         trainer["command"] = [spec.python, names.WORKER_SCRIPT, "--", *spec.args]
     trainer.pop("args", None)
-    trainer["env"] = _merge_env(pod_env(job, spec, index, restart), list(trainer.get("env") or []))
+    agent = policy.agent_port(spec)
+    if agent is not None:
+        _serve_agent(trainer, agent)
+    env = pod_env(job, spec, index, restart, restart_count=restart_count, disruptions=disruptions)
+    trainer["env"] = _merge_env(env, list(trainer.get("env") or []))
     mounts = [m for m in trainer.get("volumeMounts") or [] if m.get("name") != names.WORKER_VOLUME]
     mounts.append({"name": names.WORKER_VOLUME, "mountPath": names.WORKER_MOUNT_PATH, "readOnly": True})
     trainer["volumeMounts"] = mounts
     # The end of the log becomes the termination message when the program fails without writing
-    # one: status.failure then shows the traceback.
-    trainer.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
+    # one: status.failure then shows the traceback; not with failureOutput None, whose output must
+    # not reach anything but the pod's log.
+    quiet = spec.failure_output == spec_module.FAILURE_OUTPUT_NONE
+    trainer.setdefault("terminationMessagePolicy", "File" if quiet else "FallbackToLogsOnError")
     gpus = policy.gpus_per_pod(spec)
     if gpus >= 1:
         resources = trainer.setdefault("resources", {})
@@ -345,10 +384,13 @@ def build_pod(job: JobRef, spec: JobSpec, index: int, restart: int) -> dict[str,
         preferred.append(_colocate_term(job, spec, index, restart))
 
     labels = {**(user_meta.get("labels") or {}), **pod_labels(job, spec, index, restart)}
+    if replacement:
+        labels[names.LABEL_REPLACEMENT] = str(replacement)
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _metadata(job, names.pod_name(job, restart, index), labels, user_meta.get("annotations")),
+        "metadata": _metadata(job, names.pod_name(job, restart, index, replacement), labels,
+                              user_meta.get("annotations")),
         "spec": pod_spec,
     }
     join_gang(pod, job, spec, restart)

@@ -37,6 +37,12 @@ Design, for jobs of thousands of pods:
   resourceVersions, which are opaque).
 * A job whose namespace is being deleted is left alone: its loop stops without restarting
   anything or posting Warnings.
+* Restart in place (restartPolicy.mode InPlace): while the current gang's rank-0 pod runs, the
+  job's loop holds an observer connection to its coordinator (:mod:`.observer`, started and
+  stopped from what each pass sees: a new gang, the pod gone, the job ended, suspended or
+  deleted, leadership lost). It only listens and wakes the loop; the pass turns what it heard
+  into the job's status (:mod:`.lifecycle.inplace`), one patch and one Event per restart, and
+  creates a lost pod alone (``Plan.replace``).
 """
 
 from __future__ import annotations
@@ -53,11 +59,13 @@ from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from monarch_spmd import policy
 from monarch_spmd.spec import SCHEDULING_KUEUE, SpecError, parse_stored
 
 from . import builders, events, informer, kube, lifecycle, names
 from .metrics import Metrics
 from .names import JobRef
+from .observer import Observer
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +155,8 @@ class JobLoop:
         foreign_reported: names of a namesake's children already reported in an Event.
         check_now: GET the job from the server before the next pass (activation, a re-list).
         next_check: when the next periodic GET is due (loop time).
+        observer: restart in place: the connection to the current gang's coordinator (or, once
+            its rank-0 pod is gone, what it heard last), None when there is none.
     """
 
     key: JobKey
@@ -160,6 +170,7 @@ class JobLoop:
     status_written: float | None = None
     check_now: bool = True
     next_check: float = 0.0
+    observer: Observer | None = None
 
     @property
     def uid(self) -> str:
@@ -189,6 +200,13 @@ class JobLoop:
         self.created.clear()
         self.status_written = None
         self.check_now = True
+        self.drop_observer()
+
+    def drop_observer(self) -> None:
+        """Closes the observer connection and forgets what it heard."""
+        if self.observer is not None:
+            self.observer.stop()
+            self.observer = None
 
 
 class Controller:
@@ -209,7 +227,8 @@ class Controller:
                  metrics: Metrics | None = None,
                  check_seconds: float = DEFAULT_CHECK_SECONDS) -> None:
         self.api = api
-        self.metrics = metrics or Metrics(lambda: [loop.body for loop in self.jobs.values()], self.cache_sizes)
+        self.metrics = metrics or Metrics(lambda: [loop.body for loop in self.jobs.values()], self.cache_sizes,
+                                          self.observer_states)
         self.worker_files = dict(worker_files)
         self.payload_hash = builders.payload_hash(self.worker_files)
         self.resync_seconds = resync_seconds
@@ -260,6 +279,7 @@ class Controller:
         tasks = [loop.task for loop in self.jobs.values() if loop.task is not None]
         for loop in self.jobs.values():
             loop.task = None
+            loop.drop_observer()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -285,6 +305,16 @@ class Controller:
             self.informers.append(inf)
             inf.start()
         return inf
+
+    def observer_states(self) -> list[tuple[bool, float | None]]:
+        """Of every observer connection: (connected, seconds since the stalest rank's last output
+        while its gang runs, else None), for the metrics (read on the event loop)."""
+        out = []
+        for loop in self.jobs.values():
+            o = loop.observer
+            if o is not None and o.running:
+                out.append((o.connected, o.seconds_since_progress()))
+        return out
 
     def cache_sizes(self) -> dict[str, tuple[int, int, int]]:
         """Informer name -> (jobs, objects, tombstones) it holds; "jobs" -> the controller's own."""
@@ -333,8 +363,10 @@ class Controller:
         """Stops and drops the loop of job ``key`` (deleted, or being deleted), and what the
         informers and the Event recorder keep for it."""
         loop = self.jobs.pop(key, None)
-        if loop is not None and loop.task is not None:
-            loop.task.cancel()
+        if loop is not None:
+            loop.drop_observer()
+            if loop.task is not None:
+                loop.task.cancel()
         self._prune(key)
 
     def _prune(self, key: JobKey) -> None:
@@ -369,6 +401,7 @@ class Controller:
                 if isinstance(e, JobGone) or (isinstance(e, kube.KubeError) and e.namespace_terminating):
                     logger.info("SPMDJob %s/%s: %s; its loop ends", *loop.key,
                                 e if isinstance(e, JobGone) else "its namespace is being deleted")
+                    loop.drop_observer()
                     if self.jobs.get(loop.key) is loop:
                         del self.jobs[loop.key]
                         self._prune(loop.key)
@@ -462,12 +495,15 @@ class Controller:
                     return None
                 found = inf.get(job.key, job.uid)
                 workload = found[0] if found else None
+        pods = tuple(self.pods.get(job.key, job.uid))
+        status = body.get("status") or {}
+        coordinator = None if isinstance(spec, SpecError) else self._coordinator(loop, job, spec, status, pods)
         return lifecycle.Observed(
             job=job,
             generation=meta.get("generation"),
             spec=spec,
-            status=body.get("status") or {},
-            pods=tuple(self.pods.get(job.key, job.uid)),
+            status=status,
+            pods=pods,
             gone=tuple(self.pods.gone(job.key, job.uid)),
             services=tuple(self.services.get(job.key, job.uid)),
             configmap=configmap,
@@ -476,8 +512,44 @@ class Controller:
             rejection=loop.rejection,
             outdated=outdated,
             unavailable=unavailable,
+            coordinator=coordinator,
             now=now or dt.datetime.now(dt.timezone.utc),
         )
+
+    def _coordinator(self, loop: JobLoop, job: JobRef, spec: Any, status: Mapping[str, Any],
+                     pods: Iterable[lifecycle.PodInfo]) -> lifecycle.CoordinatorView | None:
+        """Starts, keeps or stops the job's observer connection from what the pass sees, and
+        returns what it heard of the current gang's coordinator (None: nothing, or no gang
+        restarting in place).
+
+        The connection is to the current gang's rank-0 pod while it runs and declares the agent
+        port; once that pod ends, what was heard last stays (the coordinator's verdict names the
+        root cause); a new gang, a job that ended or is held, and RecreatePods drop it.
+        """
+        phase = status.get("phase")
+        if not policy.restarts_in_place(spec) or phase not in (lifecycle.PENDING, lifecycle.RUNNING, lifecycle.RESTARTING):
+            loop.drop_observer()
+            return None
+        restarts = int(status.get("restarts") or 0)
+        gang = status.get("gangRestart")
+        gang = gang if isinstance(gang, int) and not isinstance(gang, bool) else restarts
+        zero = next((p for p in pods if p.restart == gang and p.rank == 0 and p.replacement == 0), None)
+        name = names.pod_name(job, gang, 0)
+        if loop.observer is not None and loop.observer.pod_name != name:
+            loop.drop_observer()  # another gang's
+        alive = (zero is not None and zero.phase == lifecycle.RUNNING and not zero.deleting and zero.ip
+                 and zero.agent_port is not None)
+        if alive:
+            assert zero is not None and zero.ip is not None and zero.agent_port is not None
+            target = (zero.name, zero.uid, zero.ip, zero.agent_port)
+            if loop.observer is not None and loop.observer.target != target:
+                loop.drop_observer()  # the same name, another pod (or address)
+            if loop.observer is None:
+                loop.observer = Observer((zero.name, zero.uid), zero.ip, zero.agent_port, loop.wake.set)
+            loop.observer.start()
+        elif loop.observer is not None:
+            loop.observer.stop()  # rank 0's pod is gone or ending: keep what was heard
+        return loop.observer.view() if loop.observer is not None else None
 
     async def reconcile_once(self, loop: JobLoop, now: dt.datetime | None = None) -> float | None:
         """One pass over job ``loop``: observe, decide, then write.
@@ -567,14 +639,15 @@ class Controller:
             writes.append(self._ensure(loop, kube.custom_url(*group_api, ns), builders.build_podgroup(job, spec, plan.podgroup), job))
         if plan.workload:
             writes.append(self._ensure(loop, kube.custom_url(*builders.KUEUE_WORKLOAD, ns), builders.build_workload(job, spec), job))
-        if writes or plan.create:
+        if writes or plan.create or plan.replace:
             loop.rejection = None  # tried again: the next pass sees only what this one is refused
         results = await asyncio.gather(*writes, return_exceptions=True)
         rejected = next((r.refusal for r in results if isinstance(r, Refused)), None)
         if rejected is None:
             self._raise_first(results)
-            flavors = await self._flavors(o) if plan.create and o.workload is not None else []
-            rejected = await self._create_pods(loop, job, spec, plan, flavors) if plan.create else None
+            creates = plan.create or plan.replace
+            flavors = await self._flavors(o) if creates and o.workload is not None else []
+            rejected = await self._create_pods(loop, job, spec, plan, flavors) if creates else None
         if rejected is not None:
             # Refused by the API server (no pod goes without its Service and ConfigMap): the next
             # pass says why (lifecycle.refusal) or fails an invalid spec (lifecycle.admission).
@@ -683,22 +756,25 @@ class Controller:
         """
         ns = job.namespace
         clock = asyncio.get_running_loop().time()
-        ranks = [r for r in plan.create if names.pod_name(job, plan.restart, r) not in loop.created]
+        wanted = [(r, 0) for r in plan.create] + list(plan.replace)
+        ranks = [(r, n) for r, n in wanted if names.pod_name(job, plan.restart, r, n) not in loop.created]
         # A pod is built only when its request may go: thousands of pod bodies never sit in memory
         # at once, and the server's answer (the pod again) is not decoded.
         gate = asyncio.Semaphore(self.api.concurrency)
 
-        async def create(rank: int) -> Any:
+        async def create(rank: int, replacement: int) -> Any:
             async with gate:
-                pod = builders.build_pod(job, spec, rank, plan.restart)
+                pod = builders.build_pod(job, spec, rank, plan.restart, replacement=replacement,
+                                         restart_count=plan.replace_round if replacement else None,
+                                         disruptions=plan.disruptions)
                 builders.place_on_flavors(pod, flavors)
                 return await self.api.create(kube.pods_url(ns), pod, keep=False, owner=loop.key)
 
-        results = await asyncio.gather(*(create(r) for r in ranks), return_exceptions=True)
+        results = await asyncio.gather(*(create(r, n) for r, n in ranks), return_exceptions=True)
         taken: list[str] = []
         refused: lifecycle.Refusal | None = None
-        for i, (rank, result) in enumerate(zip(ranks, results)):
-            name = names.pod_name(job, plan.restart, rank)
+        for i, ((rank, replacement), result) in enumerate(zip(ranks, results)):
+            name = names.pod_name(job, plan.restart, rank, replacement)
             refusal = refusal_of(result, {"kind": "Pod", "metadata": {"name": name}}, rank)
             if refusal is not None:
                 refused = refused or refusal
@@ -710,6 +786,8 @@ class Controller:
                 loop.created[name] = clock
                 if result is not None:
                     self.metrics.pods_created.inc()
+                    if replacement:
+                        self.metrics.pods_replaced.inc()
         if taken:
             await self._check_taken(loop, job, taken)
         self._raise_first(results)

@@ -27,6 +27,17 @@ spmdjob_leader                             gauge      1 while this replica holds
 spmdjob_cache_entries                      gauge      informer (pods, services, configmaps,
                                                       workloads, podgroups), kind (jobs, objects,
                                                       tombstones): what the informers hold
+spmdjob_in_place_restarts_total            counter    cause (failure, disruption): the gang
+                                                      restarts counted above that were in place
+spmdjob_hangs_total                        counter    reason (WatchdogTimeout, NoProgress): hung
+                                                      ranks killed by the agents (restart or fail)
+spmdjob_pods_replaced_total                counter    pods created alone in place of a lost one
+spmdjob_observers                          gauge      state (connected, connecting): the
+                                                      operator's connections to coordinators
+spmdjob_seconds_since_progress             gauge      (a histogram over jobs) of every job whose
+                                           histogram  gang runs in place: seconds since its
+                                                      stalest rank last wrote output
+spmdjob_seconds_since_progress_max         gauge      the largest of those: a hung rank anywhere
 =========================================  =========  =============================================
 
 Thread safety: prometheus_client scrapes on a thread of its own while the controller's asyncio
@@ -34,7 +45,9 @@ loop changes its jobs and caches. The computed gauges (spmdjob_jobs, spmdjob_cac
 therefore read on the event loop itself (:meth:`Metrics.bind`): the scrape thread asks the loop
 for a snapshot and waits for it (a few seconds at most), never walking live dicts.
 
-Cardinality is bounded: no label holds a job or pod name (a cluster runs thousands of jobs over
+Cardinality is bounded: no label holds a job or pod name (the per-job "seconds since last
+progress" is therefore a histogram over the jobs and their maximum, computed at each scrape from
+what the observers heard; status.lastProgressTime has it per job) (a cluster runs thousands of jobs over
 time; per-job series would grow without end and belong to kube-state-metrics-style exporters of
 the jobs' status). Namespaces and phases, reasons, verbs and outcomes are small sets.
 """
@@ -50,7 +63,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .lifecycle.model import parse_time
@@ -58,6 +71,10 @@ from .lifecycle.model import parse_time
 #: Seconds: from a few seconds (a small CPU job) to hours (a large gang waiting for GPUs).
 SLOW_BUCKETS: Final = (1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
 PASS_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+#: Seconds since the stalest rank's last output: from a healthy job's few seconds to a day.
+PROGRESS_BUCKETS: Final = (5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 86400)
+#: Failure reasons of a hung rank (payload.rendezvous: the watchdog's and the progress timeout's).
+HANG_REASONS: Final = frozenset({"WatchdogTimeout", "NoProgress"})
 DEFAULT_PORT: Final = 9090
 
 
@@ -66,26 +83,31 @@ logger = logging.getLogger(__name__)
 SNAPSHOT_TIMEOUT: Final = 5.0
 
 Caches = Mapping[str, tuple[int, int, int]]
+#: Of each observer connection: (connected, seconds since progress while its gang runs, or None).
+Observers = Iterable[tuple[bool, float | None]]
 
 
 class _Snapshot(Collector):
     """spmdjob_jobs and spmdjob_cache_entries, computed from a snapshot taken on the event loop."""
 
-    def __init__(self, jobs: Callable[[], Iterable[Mapping[str, Any]]], caches: Callable[[], Caches]) -> None:
+    def __init__(self, jobs: Callable[[], Iterable[Mapping[str, Any]]], caches: Callable[[], Caches],
+                 observers: Callable[[], Observers] = lambda: ()) -> None:
         self.jobs = jobs
         self.caches = caches
+        self.observers = observers
         self.loop: asyncio.AbstractEventLoop | None = None
 
-    def take(self) -> tuple[dict[tuple[str, str], int], dict[str, tuple[int, int, int]]]:
-        """Counts jobs by (namespace, phase) and copies the cache sizes (call on the loop)."""
+    def take(self) -> tuple[dict[tuple[str, str], int], dict[str, tuple[int, int, int]], list[tuple[bool, float | None]]]:
+        """Counts jobs by (namespace, phase), copies the cache sizes and the observers' states
+        (call on the loop)."""
         counts: dict[tuple[str, str], int] = {}
         for body in list(self.jobs()):
             key = ((body.get("metadata") or {}).get("namespace", ""),
                    str((body.get("status") or {}).get("phase") or "New"))
             counts[key] = counts.get(key, 0) + 1
-        return counts, dict(self.caches())
+        return counts, dict(self.caches()), list(self.observers())
 
-    def _on_loop(self) -> tuple[dict[tuple[str, str], int], dict[str, tuple[int, int, int]]]:
+    def _on_loop(self) -> tuple[dict[tuple[str, str], int], dict[str, tuple[int, int, int]], list[tuple[bool, float | None]]]:
         loop = self.loop
         if loop is None or not loop.is_running() or _loop_thread(loop) == threading.get_ident():
             return self.take()
@@ -106,7 +128,7 @@ class _Snapshot(Collector):
         caches = GaugeMetricFamily("spmdjob_cache_entries", "Entries the informers hold, by informer and kind",
                                    labels=["informer", "kind"])
         try:
-            counts, sizes = self._on_loop()
+            counts, sizes, observers = self._on_loop()
         except (concurrent.futures.TimeoutError, RuntimeError) as e:
             logger.warning("metrics: no snapshot from the event loop (%r); spmdjob_jobs left out of this scrape", e)
             return
@@ -118,6 +140,28 @@ class _Snapshot(Collector):
             caches.add_metric([name, "tombstones"], tombstones)
         yield jobs
         yield caches
+        yield from progress_families(observers)
+
+
+def progress_families(observers: Observers) -> Iterable[Any]:
+    """spmdjob_observers, spmdjob_seconds_since_progress (a gauge histogram over the jobs whose
+    gang runs in place) and its maximum, from the observers' states."""
+    observers = list(observers)
+    states = GaugeMetricFamily("spmdjob_observers", "Observer connections to restart-in-place coordinators, by state",
+                               labels=["state"])
+    connected = sum(1 for c, _ in observers if c)
+    states.add_metric(["connected"], connected)
+    states.add_metric(["connecting"], len(observers) - connected)
+    yield states
+    idle = sorted(s for _, s in observers if s is not None)
+    buckets = [(str(float(b)), sum(1 for s in idle if s <= b)) for b in PROGRESS_BUCKETS] + [("+Inf", len(idle))]
+    yield GaugeHistogramMetricFamily("spmdjob_seconds_since_progress",
+                                     "Jobs whose gang runs in place, by seconds since their stalest rank last wrote output",
+                                     buckets=buckets, gsum_value=sum(idle))
+    peak = GaugeMetricFamily("spmdjob_seconds_since_progress_max",
+                             "The most seconds any running gang's stalest rank has gone without output")
+    peak.add_metric([], idle[-1] if idle else 0.0)
+    yield peak
 
 
 def _loop_thread(loop: asyncio.AbstractEventLoop) -> int | None:
@@ -133,7 +177,8 @@ class Metrics:
     """
 
     def __init__(self, jobs: Callable[[], Iterable[Mapping[str, Any]]] = lambda: (),
-                 caches: Callable[[], Caches] = lambda: {}) -> None:
+                 caches: Callable[[], Caches] = lambda: {},
+                 observers: Callable[[], Observers] = lambda: ()) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.created = Counter("spmdjob_jobs_created", "SPMDJobs whose first pass ran", registry=r)
@@ -155,7 +200,12 @@ class Metrics:
         self.pods_created = Counter("spmdjob_pods_created", "Pods created", registry=r)
         self.pods_deleted = Counter("spmdjob_pods_deleted", "Pods deleted", registry=r)
         self.leader = Gauge("spmdjob_leader", "1 while this replica holds the leader Lease", registry=r)
-        self.snapshot = _Snapshot(jobs, caches)
+        self.in_place = Counter("spmdjob_in_place_restarts", "Gang restarts done in place, by cause", ["cause"],
+                                registry=r)
+        self.hangs = Counter("spmdjob_hangs", "Hung ranks the agents killed, by reason", ["reason"], registry=r)
+        self.pods_replaced = Counter("spmdjob_pods_replaced", "Pods created alone in place of a lost one",
+                                     registry=r)
+        self.snapshot = _Snapshot(jobs, caches, observers)
         r.register(self.snapshot)
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -196,9 +246,16 @@ class Metrics:
             if age is not None:
                 self.to_completion.labels(new.lower()).observe(age)
         before, after = int(status.get("restarts") or 0), patch.get("restarts")
+        changed = patch.get("failure")
+        # The patch holds only what changed: the failure as written is the old one with it merged.
+        failure = {k: v for k, v in {**(status.get("failure") or {}), **(changed or {})}.items() if v is not None}
         if isinstance(after, int) and after > before:
-            disruption = (patch.get("failure") or {}).get("disruption")
-            self.restarts.labels("disruption" if disruption else "failure").inc(after - before)
+            cause = "disruption" if failure.get("disruption") else "failure"
+            self.restarts.labels(cause).inc(after - before)
+            if failure.get("inPlace"):
+                self.in_place.labels(cause).inc(after - before)
+        if changed and failure.get("reason") in HANG_REASONS:
+            self.hangs.labels(failure["reason"]).inc()
 
     def serve(self, port: int, address: str = "0.0.0.0") -> None:
         """Serves /metrics on ``port`` in a thread of its own."""

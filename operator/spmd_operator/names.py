@@ -43,6 +43,7 @@ from monarch_spmd.payload.names import (
 from monarch_spmd.spec import MAX_JOB_NAME_LENGTH
 
 __all__ = [
+    "AGENT_PORT_NAME",
     "API_VERSION",
     "CONTAINER_NAME",
     "COORD_LABEL_PREFIX",
@@ -55,6 +56,7 @@ __all__ = [
     "LABEL_PREFIX",
     "LABEL_PROCS",
     "LABEL_RANK",
+    "LABEL_REPLACEMENT",
     "LABEL_RESTART",
     "MAX_JOB_NAME_LENGTH",
     "MODE_MONARCH",
@@ -89,6 +91,11 @@ WORKER_SCRIPT: Final = f"{WORKER_MOUNT_PATH}/worker.py"
 PAYLOAD_HASH_ANNOTATION: Final = f"{GROUP}/payload-hash"
 #: Hex digits of the job's uid in every child's name.
 JOB_ID_LENGTH: Final = 5
+#: On a pod created alone in place of a lost one of its gang (restart in place): the how-manieth
+#: replacement of its index in the gang it is (1, 2 ...); absent on the gang's own pods.
+LABEL_REPLACEMENT: Final = f"{LABEL_PREFIX}replacement"
+#: The container port of the restart-in-place coordinator (every pod declares it; rank 0's listens).
+AGENT_PORT_NAME: Final = "spmd-agent"
 
 
 @dataclass(frozen=True)
@@ -128,12 +135,15 @@ def _prefix(job: JobRef) -> str:
     return f"{job.name}-{job_id(job.uid)}"
 
 
-def pod_name(job: JobRef, restart: int, index: int) -> str:
-    """Pod ``index`` of gang attempt ``restart``: ``<job>-<id>-r<restart>-<index>``, e.g. hello-3fa9c-r0-3.
+def pod_name(job: JobRef, restart: int, index: int, replacement: int = 0) -> str:
+    """Pod ``index`` of gang attempt ``restart``: ``<job>-<id>-r<restart>-<index>``, e.g. hello-3fa9c-r0-3;
+    its ``replacement``-th replacement (restart in place) adds ``-<replacement>``: hello-3fa9c-r0-3-1.
 
-    Deterministic, so creating a pod twice is a 409 rather than a duplicate.
+    Deterministic, so creating a pod twice is a 409 rather than a duplicate; a replacement's name
+    never collides with the pod it replaces, which may still be terminating.
     """
-    return f"{_prefix(job)}-r{restart}-{index}"
+    base = f"{_prefix(job)}-r{restart}-{index}"
+    return f"{base}-{replacement}" if replacement else base
 
 
 def service_name(job: JobRef, restart: int) -> str:

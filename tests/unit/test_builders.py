@@ -389,7 +389,7 @@ def test_a_monarch_pod_runs_the_worker_loop_on_its_port_with_a_readiness_probe()
 
 def test_a_program_pod_has_no_monarch_port_probe_or_mode_variable():
     c = trainer(builders.build_pod(JOB, spec(podLayout="PerHost"), 0, 0))
-    assert "ports" not in c and "readinessProbe" not in c
+    assert [p["name"] for p in c.get("ports", [])] == ["spmd-agent"] and "readinessProbe" not in c
     assert "MONARCH_SPMD_MODE" not in env_of(builders.build_pod(JOB, spec(), 0, 0))
 
 
@@ -404,3 +404,74 @@ def test_a_monarch_pod_keeps_the_templates_own_port_and_probe():
     named = {"spec": {"containers": [{"name": "trainer", "ports": [{"name": "monarch", "containerPort": 26600}]}]}}
     assert trainer(builders.build_pod(JOB, monarch_spec(template=named), 0, 0))["ports"] == [
         {"name": "monarch", "containerPort": 26600}]
+
+
+# --- restart in place ----------------------------------------------------------------------------
+
+
+def test_in_place_pods_get_the_agents_inputs_and_declare_its_port():
+    s = spec(restartPolicy={"permanentExitCodes": [3], "retryableExitCodes": [1, 2], "permanentReasons": ["OOMKilled"],
+                            "progressTimeoutSeconds": 600, "backoffSeconds": 5, "maxBackoffSeconds": 60,
+                            "backoffResetSeconds": 120, "joinTimeoutSeconds": 300, "maxRestarts": 7},
+             template={"spec": {"terminationGracePeriodSeconds": 12}})
+    pod = builders.build_pod(JOB, s, 1, 2, disruptions=1)
+    env = env_of(pod)
+    assert {k: env[k] for k in env if k.startswith("MONARCH_SPMD_") and k not in (
+        "MONARCH_SPMD_MESH", "MONARCH_SPMD_COORDS", "MONARCH_SPMD_MASTER_ADDR", "MONARCH_SPMD_MASTER_PORT",
+        "MONARCH_SPMD_RUN_ID", "MONARCH_SPMD_ROLE_NAME", "MONARCH_SPMD_RENDEZVOUS_TIMEOUT",
+        "MONARCH_SPMD_LOCAL_RANK_SCOPE", "MONARCH_SPMD_POD_LAYOUT")} == {
+        "MONARCH_SPMD_RESTART_COUNT": "2", "MONARCH_SPMD_MAX_RESTARTS": "7",
+        "MONARCH_SPMD_AGENT_PORT": "29400", "MONARCH_SPMD_DISRUPTIONS": "1",
+        "MONARCH_SPMD_PERMANENT_EXIT_CODES": "3", "MONARCH_SPMD_RETRYABLE_EXIT_CODES": "1,2",
+        "MONARCH_SPMD_PERMANENT_REASONS": "OOMKilled", "MONARCH_SPMD_BACKOFF_SECONDS": "5",
+        "MONARCH_SPMD_MAX_BACKOFF_SECONDS": "60", "MONARCH_SPMD_BACKOFF_RESET_SECONDS": "120",
+        "MONARCH_SPMD_JOIN_TIMEOUT": "300", "MONARCH_SPMD_PROGRESS_TIMEOUT": "600", "MONARCH_SPMD_STOP_GRACE": "12"}
+    inputs = worker.read_inputs({k: v for k, v in env.items() if isinstance(v, str)})
+    assert inputs.policy().permanent_exit_codes == (3,) and inputs.member == 1
+    assert trainer(pod)["ports"] == [{"name": "spmd-agent", "containerPort": 29400, "protocol": "TCP"}]
+    assert names.LABEL_REPLACEMENT not in pod["metadata"]["labels"]
+
+
+def test_the_agent_port_steps_aside_for_a_master_port_of_29400():
+    pod = builders.build_pod(JOB, spec(masterPort=29400), 0, 0)
+    assert env_of(pod)["MONARCH_SPMD_AGENT_PORT"] == "29401"
+    assert trainer(pod)["ports"][0]["containerPort"] == 29401
+
+
+def test_recreate_pods_leaves_every_restart_in_place_input_unset():
+    pod = builders.build_pod(JOB, spec(restartPolicy={"mode": "RecreatePods", "progressTimeoutSeconds": 60}), 0, 0)
+    env = env_of(pod)
+    for var in worker.OPTIONAL_INPUTS.values():
+        assert var not in env, var
+    assert "ports" not in trainer(pod)
+    monarch = builders.build_pod(JOB, monarch_spec(), 0, 0)
+    assert [p["name"] for p in trainer(monarch)["ports"]] == ["monarch"], "Monarch mode always recreates its pods"
+    assert "MONARCH_SPMD_AGENT_PORT" not in env_of(monarch)
+
+
+def test_a_replacement_pod_joins_its_gang_at_the_open_round_under_a_name_of_its_own():
+    pod = builders.build_pod(JOB, spec(), 3, 1, replacement=2, restart_count=4, disruptions=2)
+    assert pod["metadata"]["name"] == "hello-1234a-r1-3-2" != names.pod_name(JOB, 1, 3, 1)
+    labels = pod["metadata"]["labels"]
+    assert (labels[names.LABEL_RESTART], labels[names.LABEL_RANK], labels[names.LABEL_REPLACEMENT]) == ("1", "3", "2")
+    env = env_of(pod)
+    assert env["MONARCH_SPMD_MASTER_ADDR"] == names.master_addr(JOB, 1), "the gang's master, not a new one"
+    assert (env["MONARCH_SPMD_RESTART_COUNT"], env["MONARCH_SPMD_DISRUPTIONS"]) == ("4", "2")
+
+
+def test_failure_output_none_reaches_the_agent_and_keeps_the_log_out_of_the_termination_message():
+    pod = builders.build_pod(JOB, spec(failureOutput="None"), 0, 0)
+    assert env_of(pod)["MONARCH_SPMD_FAILURE_OUTPUT"] == "None"
+    assert trainer(pod)["terminationMessagePolicy"] == "File"
+    plain = builders.build_pod(JOB, spec(), 0, 0)
+    assert "MONARCH_SPMD_FAILURE_OUTPUT" not in env_of(plain)
+    assert trainer(plain)["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    recreate = builders.build_pod(JOB, spec(failureOutput="None", restartPolicy={"mode": "RecreatePods"}), 0, 0)
+    assert env_of(recreate)["MONARCH_SPMD_FAILURE_OUTPUT"] == "None", "a PerHost worker alone writes tails too"
+
+
+def test_failure_text_keeps_only_the_workers_own_lines_with_failure_output_none():
+    message = "Traceback (most recent call last):\nValueError: password=hunter2\nmonarch-spmd worker: rank 1 exited with code 1 in restart 0; job failed"
+    assert policy.failure_text(spec(), message) == message
+    assert policy.failure_text(spec(failureOutput="None"), message) == "monarch-spmd worker: rank 1 exited with code 1 in restart 0; job failed"
+    assert policy.failure_text(spec(failureOutput="None"), "ValueError: password=hunter2") is None

@@ -20,7 +20,7 @@ KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "boo
 #: Labels Prometheus adds to every series it scrapes from a ServiceMonitor's target (not the operator's own).
 TARGET_LABELS = {"job", "instance", "pod", "service", "endpoint", "container"}
 SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count", "_sum", "_created"),
-            "gauge": ("",)}
+            "gauge": ("",), "gaugehistogram": ("_bucket", "_gcount", "_gsum")}
 
 
 def exported() -> dict[str, set[str]]:

@@ -13,6 +13,9 @@ Phases (``status.phase``) and which policy moves between them::
     active --completion: every rank exited 0--> Succeeded
     active --failure: a rank failed, retryable, restarts left (or a disruption)--> Restarting
         (every pod deleted; gang.progress creates the next attempt once the old pods are gone)
+    active --inplace: the coordinator restarted the gang in place (restartPolicy.mode InPlace)--> Restarting
+        (the pods stay; a lost pod other than rank 0's is created again alone)
+    Restarting --inplace: the coordinator says every process of the round runs--> Running
     active --failure: permanent, or the restart limit used up--> Failed
     active --deadline: activeDeadlineSeconds passed since startTime--> Failed (DeadlineExceeded)
     active --suspend: spec.suspend--> Suspended (every pod deleted)
@@ -24,12 +27,12 @@ Phases (``status.phase``) and which policy moves between them::
 
 While a job is active, :mod:`.children` keeps its ConfigMap and its attempt's master Service in
 place. Module by module: admission, finished (and TTL), suspend, deadline, failure, completion,
-gang, children.
+gang, children; inplace (restart in place) before failure.
 """
 
 from __future__ import annotations
 
-from . import admission, children, completion, deadline, failure, finished, gang, refusal, suspend
+from . import admission, children, completion, deadline, failure, finished, gang, inplace, refusal, suspend
 from .model import (
     CONDITION_TYPES,
     CONFIGMAP_CURRENT,
@@ -48,6 +51,7 @@ from .model import (
     SUSPENDED,
     TERMINAL,
     ChildInfo,
+    CoordinatorView,
     Event,
     Observed,
     Plan,
@@ -80,6 +84,7 @@ __all__ = [
     "SUSPENDED",
     "TERMINAL",
     "ChildInfo",
+    "CoordinatorView",
     "Event",
     "Observed",
     "Plan",
@@ -119,6 +124,8 @@ def reconcile(o: Observed) -> Plan:
         children.ensure(p)
         return p.plan()
     if deadline.expired(p):
+        return p.plan()
+    if inplace.handle(p):
         return p.plan()
     if failure.handle(p):
         if p.new.get("phase") != FAILED:

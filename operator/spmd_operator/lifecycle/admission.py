@@ -33,7 +33,7 @@ def refuse(p: Pass) -> bool:
     if isinstance(spec, SpecError):
         what = f"invalid spec: {spec}"
     elif rejection is not None and rejection.code in (400, 422):
-        what = refusal.classify(rejection, spec, p.o.job, p.restart).message
+        what = refusal.classify(rejection, spec, p.o.job, p.gang).message
     elif p.o.outdated and p.phase is None and not p.o.pods:
         what = f"invalid spec: {p.o.outdated[0]}"
     else:

@@ -23,7 +23,7 @@ from .status import Pass
 
 def ensure(p: Pass) -> None:
     """Plans the ConfigMap and the current attempt's Service; drops other attempts' Services."""
-    want = int(p.new.get("restarts") or p.restart)
+    want = p.new_gang()
     if not any(s.restart == want and not s.deleting for s in p.o.services):
         p.service = want
     p.delete_services.extend(s.name for s in p.o.services if s.restart != want and not s.deleting)

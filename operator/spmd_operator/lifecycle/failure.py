@@ -27,15 +27,13 @@ drain or loss: the pod condition DisruptionTarget) restart the gang without usin
 
 from __future__ import annotations
 
-import datetime as dt
 import re
-from dataclasses import dataclass
 from typing import Any, Final
 
 from monarch_spmd import policy
 
 from .. import names
-from . import gang, refusal
+from . import gang, inplace, refusal
 from .model import (
     FAILED,
     PENDING,
@@ -49,7 +47,7 @@ from .model import (
     format_time,
     parse_time,
 )
-from .status import Pass, tail
+from .status import Failure, Pass
 
 #: The last line a PerHost worker writes when one of its procs failed (payload.worker.failure_line).
 _FAILED_RANK: Final = re.compile(r"monarch-spmd worker: rank (\d+) exited with code (\d+)")
@@ -62,49 +60,6 @@ def failed_rank(p: Pass, pod: PodInfo) -> int:
         if found:
             return int(found[-1][0])
     return pod.rank
-
-
-@dataclass(frozen=True)
-class Failure:
-    """One failed rank of the current attempt."""
-
-    rank: int
-    pod: str
-    node: str | None
-    exit_code: int | None
-    reason: str
-    message: str | None
-    permanent: bool
-    disruption: bool
-    lost: bool
-    order: tuple[int, str, int]
-
-    def describe(self) -> str:
-        what = f"exited {self.exit_code}" if self.exit_code is not None else "was lost"
-        where = f" on node {self.node}" if self.node else ""
-        text = f"rank {self.rank} (pod {self.pod}{where}) {what}: {self.reason}"
-        if self.message and self.message.strip():
-            text += f": {self.message.strip().splitlines()[-1][:300]}"
-        return text
-
-    def as_status(self, restart: int, now: dt.datetime) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "rank": self.rank,
-            "pod": self.pod,
-            "reason": self.reason,
-            "restart": restart,
-            "permanent": self.permanent,
-            "disruption": self.disruption,
-            "time": format_time(now),
-        }
-        if self.node:
-            out["node"] = self.node
-        if self.exit_code is not None:
-            out["exitCode"] = self.exit_code
-        message = tail(self.message)
-        if message:
-            out["message"] = message
-        return out
 
 
 def _stuck(p: Pass, pod: PodInfo, starts: dict[str, dict[str, Any]]) -> tuple[str, str, bool] | None:
@@ -157,7 +112,8 @@ def failures(p: Pass) -> list[Failure]:
                                (0, "~", index)))
         elif pod.phase == FAILED or fatal_wait:
             reason = pod.reason or ("Error" if pod.exit_code else "Failed")
-            out.append(Failure(failed_rank(p, pod), pod.name, pod.node, pod.exit_code, reason, pod.message,
+            out.append(Failure(failed_rank(p, pod), pod.name, pod.node, pod.exit_code, reason,
+                               policy.failure_text(spec, pod.message),
                                policy.is_permanent(spec, pod.exit_code, reason), pod.disrupted, False,
                                (0, pod.finished_at or "~", index)))
         elif pod.phase == SUCCEEDED and spec.mode == names.MODE_MONARCH:
@@ -169,12 +125,15 @@ def failures(p: Pass) -> list[Failure]:
                                (0, pod.finished_at or "~", index)))
         elif pod.deleting and pod.phase != SUCCEEDED and not releasing:
             reason = pod.reason if pod.disrupted and pod.reason else REASON_POD_DELETED
-            message = pod.message if pod.disrupted else (
+            message = policy.failure_text(spec, pod.message) if pod.disrupted else (
                 "the pod was deleted (evicted, drained or deleted by hand) before it finished")
             out.append(Failure(pod.rank, pod.name, pod.node, None, reason, message,
                                policy.is_permanent(spec, None, reason), pod.disrupted, True, (1, "~", index)))
-    if p.phase == RUNNING:
-        last = {p.index(pod): pod for pod in p.o.gone if pod.restart == p.restart}
+    if p.phase == RUNNING or p.in_place_round:
+        last: dict[int, PodInfo] = {}
+        for pod in p.o.gone:
+            if pod.restart == p.gang and (p.index(pod) not in last or pod.replacement >= last[p.index(pod)].replacement):
+                last[p.index(pod)] = pod
         for index in range(p.pods_per_attempt):
             if index in current:
                 continue
@@ -182,10 +141,12 @@ def failures(p: Pass) -> list[Failure]:
             rank = index * p.procs_per_pod
             if was is not None and was.disrupted and was.reason:
                 # The watch saw why it went: e.g. removed with its node (DeletionByPodGC).
-                out.append(Failure(rank, was.name, was.node, was.exit_code, was.reason, was.message,
+                out.append(Failure(rank, was.name, was.node, was.exit_code, was.reason,
+                                   policy.failure_text(spec, was.message),
                                    policy.is_permanent(spec, was.exit_code, was.reason), True, True, (2, "~", index)))
                 continue
-            out.append(Failure(rank, names.pod_name(p.o.job, p.restart, index), was.node if was else None, None,
+            name = was.name if was is not None else names.pod_name(p.o.job, p.gang, index)
+            out.append(Failure(rank, name, was.node if was else None, None,
                                REASON_POD_MISSING, "the pod disappeared while the job was running",
                                policy.is_permanent(spec, None, REASON_POD_MISSING), False, True, (2, "~", index)))
     if starts:
@@ -197,11 +158,18 @@ def failures(p: Pass) -> list[Failure]:
 
 
 def handle(p: Pass) -> bool:
-    """Acts on failures of the current attempt (restart or fail); True if there were any."""
+    """Acts on failures of the current attempt (restart or fail); True if there were any.
+
+    Restart in place (:mod:`.inplace`): a lost pod other than rank 0's is replaced alone while
+    the coordinator takes it back; the coordinator's final verdict names the root cause; a gang
+    recreated for a round recorded in place but never started is that round (counted once).
+    """
     found = failures(p)
     if not found:
         return False
-    root = found[0]
+    if p.in_place and inplace.replace_lost(p, found):
+        return True
+    root = inplace.verdict(p) or found[0]
     p.new["failure"] = root.as_status(p.restart, p.now)
     p.pods_lost = root.lost
     cause = root.describe()
@@ -210,6 +178,9 @@ def handle(p: Pass) -> bool:
     if root.permanent:
         p.fail("PermanentFailure", f"{cause}; permanent, no restart")
         p.counts(p.current())
+    elif inplace.unstarted_round(p):
+        # Restart p.restart was recorded (and counted) in place, but its gang never came together.
+        gang.replace(p, p.restart, f"{cause}; restart {p.restart} could not come together in place")
     elif not root.disruption and counted >= p.spec.max_restarts:
         p.fail("RestartLimitExceeded", f"{cause}; restart limit {p.spec.max_restarts} reached")
         p.counts(p.current())

@@ -47,13 +47,14 @@ def start(p: Pass) -> None:
     p.condition("Created", "True", "PodsCreated", f"created {pods} pods for mesh {p.new['mesh']}")
     p.event(EVENT_NORMAL, "Created", f"creating {pods} pods for mesh {p.new['mesh']}")
     current = p.current()
-    p.create_pods((i for i in range(pods) if i not in current), p.restart)
+    p.create_pods((i for i in range(pods) if i not in current), p.gang)
     p.counts(current)
 
 
 def replace(p: Pass, nxt: int, why: str) -> None:
     """Replaces the whole gang by attempt ``nxt`` after a retryable failure."""
     p.new.update(phase=RESTARTING, restarts=nxt)
+    p.new.pop("gangRestart", None)  # a new gang: its pods are those of attempt nxt
     p.new["masterAddr"] = names.master_addr(p.o.job, nxt)
     message = f"{why}; replacing the whole gang (attempt {nxt})"
     p.condition(RESTARTING, "True", "GangRestart", message)
@@ -118,10 +119,15 @@ def progress(p: Pass) -> None:
     current = p.current()
     pods = p.pods_per_attempt
     p.delete_pods.extend(pod.name for pod in p.stale() if not pod.deleting)
-    if p.phase != RUNNING:
+    if p.phase != RUNNING and not p.in_place_round:
         missing = [i for i in range(pods) if i not in current]
         if missing and not (p.phase == RESTARTING and _old_pods_block(p)):
-            p.create_pods(missing, p.restart)
+            p.create_pods(missing, p.gang)
+    if p.in_place_round:
+        # The pods stay through a restart in place: their processes, not their phase, say when the
+        # gang runs again, and only the coordinator knows (lifecycle.inplace).
+        p.counts(current)
+        return
     started = len(current) == pods and all(pod.phase in (RUNNING, SUCCEEDED) for pod in current.values())
     monarch = p.spec.mode == names.MODE_MONARCH
     unready = started and monarch and p.phase != RUNNING and not all(pod.ready for pod in current.values())

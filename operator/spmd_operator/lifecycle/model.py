@@ -89,6 +89,13 @@ class PodInfo:
         created: when the pod was created (RFC 3339): how long it has been waiting.
         ready: the pod's condition Ready is True (Monarch mode: its worker loop accepts
             connections, as its readiness probe found).
+        uid: the pod's uid.
+        ip: the pod's IP once it has one.
+        agent_port: the restart-in-place coordinator's container port (``spmd-agent``) the pod
+            declares, None when its gang does not restart in place (RecreatePods, or a pod of an
+            older operator version).
+        replacement: 0 for a pod of the gang; n for the n-th pod created alone in place of a
+            lost one of the same index (label ``spmd.monarch.dev/replacement``).
     """
 
     name: str
@@ -105,6 +112,10 @@ class PodInfo:
     unschedulable: str | None = None
     created: str | None = None
     ready: bool = False
+    uid: str = ""
+    ip: str | None = None
+    agent_port: int | None = None
+    replacement: int = 0
 
     @property
     def finished(self) -> bool:
@@ -148,6 +159,10 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo | None:
     scheduled = _condition(status, "PodScheduled")
     unschedulable = scheduled.get("message") if scheduled.get("status") == "False" else None
     exit_code = terminated.get("exitCode")
+    try:
+        replacement = int(labels.get(names.LABEL_REPLACEMENT) or 0)
+    except (TypeError, ValueError):
+        replacement = 0
     if disrupted:
         reason = disruption.get("reason") or status.get("reason") or "Disrupted"
         message = disruption.get("message") or status.get("message")
@@ -169,7 +184,21 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo | None:
         unschedulable=unschedulable,
         created=meta.get("creationTimestamp"),
         ready=_condition(status, "Ready").get("status") == "True",
+        uid=str(meta.get("uid") or ""),
+        ip=status.get("podIP") or None,
+        agent_port=_agent_port(body.get("spec") or {}),
+        replacement=max(0, replacement),
     )
+
+
+def _agent_port(spec: Mapping[str, Any]) -> int | None:
+    """The trainer's container port named ``spmd-agent`` (the restart-in-place coordinator's)."""
+    for c in spec.get("containers") or []:
+        if c.get("name") == names.CONTAINER_NAME:
+            for port in c.get("ports") or []:
+                if port.get("name") == names.AGENT_PORT_NAME and isinstance(port.get("containerPort"), int):
+                    return int(port["containerPort"])
+    return None
 
 
 @dataclass(frozen=True)
@@ -280,6 +309,65 @@ class Refusal:
 
 
 @dataclass(frozen=True)
+class CoordinatorView:
+    """What the operator heard from a gang's restart-in-place coordinator (the agent of its rank-0
+    pod) over the observer protocol (docs/restart-in-place.md): the controller's observer keeps
+    it, the lifecycle reads it. Events are the protocol's JSON objects, each with ``received``
+    added: when the operator heard it (Unix time).
+
+    Attributes:
+        pod: the pod (rank 0 of the gang) whose coordinator this is.
+        connected: a connection is open and its ``welcome`` was read.
+        error: why the last connection attempt failed or ended, if it did.
+        round: the coordinator's current round (from ``welcome``, then its events).
+        phase: ``joining``, ``running``, ``stopping``, ``finished`` or ``failed``.
+        restarts: every ``restart`` event (the decision to restart in place), oldest first.
+        rounds: every ``round`` event (a round opened, with its back-off).
+        started: every ``started`` event (a round's barrier closed: its processes start).
+        all_running: every ``all_running`` event (a round's processes all started).
+        lost: every ``lost`` event (a member's agent gone).
+        final: the ``failed`` or ``succeeded`` event, once there is one.
+        progress: the latest ``progress`` event (the stalest rank of the running round).
+    """
+
+    pod: str
+    connected: bool = False
+    error: str | None = None
+    round: int | None = None
+    phase: str | None = None
+    restarts: tuple[Mapping[str, Any], ...] = ()
+    rounds: tuple[Mapping[str, Any], ...] = ()
+    started: tuple[Mapping[str, Any], ...] = ()
+    all_running: tuple[Mapping[str, Any], ...] = ()
+    lost: tuple[Mapping[str, Any], ...] = ()
+    final: Mapping[str, Any] | None = None
+    progress: Mapping[str, Any] | None = None
+
+    @property
+    def heard(self) -> bool:
+        """Whether a ``welcome`` was ever read (the state is the coordinator's, not a guess)."""
+        return self.phase is not None
+
+    def running_round(self, round_: int) -> Mapping[str, Any] | None:
+        """The ``all_running`` event of round ``round_``, if the coordinator sent it."""
+        return next((e for e in self.all_running if e.get("round") == round_), None)
+
+    def round_started(self, round_: int) -> bool:
+        """Whether round ``round_``'s barrier closed (its processes were started)."""
+        return any(e.get("round") == round_ for e in self.started)
+
+    def round_event(self, round_: int) -> Mapping[str, Any] | None:
+        """The ``round`` event that opened round ``round_``, if heard."""
+        return next((e for e in reversed(self.rounds) if e.get("round") == round_), None)
+
+    def open_round(self) -> int | None:
+        """The round a member joining now is put in: the open one, or the next while one runs."""
+        if self.round is None or self.phase in (None, "finished", "failed"):
+            return None
+        return self.round if self.phase == "joining" else self.round + 1
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything one reconcile pass reads.
 
@@ -302,6 +390,8 @@ class Observed:
             parsed anyway: :func:`monarch_spmd.spec.parse_stored`).
         unavailable: (reason, message) when an optional API the job names (Kueue Workloads,
             PodGroups) cannot be used: forbidden by RBAC or not installed; else None.
+        coordinator: restart in place: what the operator heard from the coordinator of the
+            current gang (its rank-0 pod's agent), or None when it never connected to it.
         now: the current time (timezone-aware).
     """
 
@@ -318,6 +408,7 @@ class Observed:
     rejection: Refusal | None = None
     outdated: tuple[SpecError, ...] = ()
     unavailable: tuple[str, str] | None = None
+    coordinator: CoordinatorView | None = None
     now: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc))
 
 
@@ -356,6 +447,10 @@ class Plan:
             timeout), or None.
         pods_lost: the pass's decision follows from pods deleted or missing; the controller
             checks the namespace is not being deleted before it writes anything.
+        replace: restart in place: ``(index, replacement)`` of each pod to create alone in
+            attempt ``restart``'s gang, in place of a lost one (a 409 is checked).
+        replace_round: the round (MONARCH_SPMD_RESTART_COUNT) those pods join.
+        disruptions: MONARCH_SPMD_DISRUPTIONS of the pods created (status.disruptions).
     """
 
     status: dict[str, Any] = field(default_factory=dict)
@@ -375,6 +470,9 @@ class Plan:
     delete_job: bool = False
     requeue_after: float | None = None
     pods_lost: bool = False
+    replace: tuple[tuple[int, int], ...] = ()
+    replace_round: int = 0
+    disruptions: int = 0
 
 
 def format_time(t: dt.datetime) -> str:

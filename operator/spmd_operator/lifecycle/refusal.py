@@ -215,7 +215,7 @@ def handle(p: Pass) -> None:
     new = dict(old)
     if fresh:
         assert r is not None
-        verdict = classify(r, p.spec, p.o.job, p.restart)
+        verdict = classify(r, p.spec, p.o.job, p.gang)
         at = r.at
         if verdict.cause != old.get("cause"):
             p.event(EVENT_WARNING, verdict.reason, verdict.message)
@@ -262,7 +262,7 @@ def handle(p: Pass) -> None:
         # again whole every retry; once the server takes it, the rest follows at once.
         first = min(p.create)
         p.create[:] = [first]
-        restart = p.create_restart if p.create_restart is not None else p.restart
+        restart = p.create_restart if p.create_restart is not None else p.gang
         new["probe"] = names.pod_name(p.o.job, restart, first)
     p.new["refusal"] = new
     created = sum(1 for pod in p.current().values() if not pod.deleting)

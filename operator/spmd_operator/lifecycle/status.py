@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from monarch_spmd import policy
@@ -32,6 +33,49 @@ from .model import (
 #: How much of a failure's message is kept in status.failure.message.
 MESSAGE_LINES = 20
 MESSAGE_CHARS = 2048
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed rank of the current attempt."""
+
+    rank: int
+    pod: str
+    node: str | None
+    exit_code: int | None
+    reason: str
+    message: str | None
+    permanent: bool
+    disruption: bool
+    lost: bool
+    order: tuple[int, str, int]
+
+    def describe(self) -> str:
+        what = f"exited {self.exit_code}" if self.exit_code is not None else "was lost"
+        where = f" on node {self.node}" if self.node else ""
+        text = f"rank {self.rank} (pod {self.pod}{where}) {what}: {self.reason}"
+        if self.message and self.message.strip():
+            text += f": {self.message.strip().splitlines()[-1][:300]}"
+        return text
+
+    def as_status(self, restart: int, now: dt.datetime) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "rank": self.rank,
+            "pod": self.pod,
+            "reason": self.reason,
+            "restart": restart,
+            "permanent": self.permanent,
+            "disruption": self.disruption,
+            "time": format_time(now),
+        }
+        if self.node:
+            out["node"] = self.node
+        if self.exit_code is not None:
+            out["exitCode"] = self.exit_code
+        message = tail(self.message)
+        if message:
+            out["message"] = message
+        return out
 
 
 def set_condition(
@@ -94,7 +138,9 @@ class Pass:
         o: what the pass observed.
         spec: the parsed spec (only valid once admission passed).
         phase: the phase the pass started in (None for a new job).
-        restart: the current attempt (``status.restarts``).
+        restart: the current attempt (``status.restarts``); restarts in place raise it.
+        gang: the attempt the current gang of pods was created for (``status.gangRestart``, or
+            ``restart`` when absent): their restart label, their master Service.
         new: the desired status, edited by the policies.
     """
 
@@ -105,6 +151,8 @@ class Pass:
         self.new: dict[str, Any] = dict(o.status)
         self.phase: str | None = o.status.get("phase")
         self.restart = int(o.status.get("restarts") or 0)
+        gang = o.status.get("gangRestart")
+        self.gang = gang if isinstance(gang, int) and not isinstance(gang, bool) and 0 <= gang <= self.restart else self.restart
         self.spec: JobSpec = o.spec  # type: ignore[assignment]  # checked by admission first
         self.events: list[Event] = []
         self.delete_pods: list[str] = []
@@ -119,6 +167,8 @@ class Pass:
         self.release_workload = False
         self.create: list[int] = []
         self.create_restart: int | None = None
+        self.replace: list[tuple[int, int]] = []
+        self.replace_round = 0
         self.delete_job = False
         self.requeue: list[float] = []
         self.pods_lost = False
@@ -139,19 +189,46 @@ class Pass:
         """A pod's index in its attempt (its rank label is its first proc's rank)."""
         return pod.rank // self.procs_per_pod
 
+    def index_of_rank(self, rank: int) -> int:
+        """The index of the pod that runs ``rank``."""
+        return rank // self.procs_per_pod
+
     def describe(self, index: int) -> str:
         """``rank 3``, or ``pod 1 (ranks 4..7)`` in PerHost."""
         n = self.procs_per_pod
         return f"rank {index}" if n == 1 else f"pod {index} (ranks {index * n}..{index * n + n - 1})"
 
+    @property
+    def in_place(self) -> bool:
+        """Whether the gang restarts in place (restartPolicy.mode InPlace, not Monarch mode)."""
+        return policy.restarts_in_place(self.spec)
+
+    @property
+    def in_place_round(self) -> bool:
+        """A restart in place was recorded since the gang's pods were created (restarts > gang)."""
+        return self.in_place and self.restart > self.gang
+
     def current(self) -> dict[int, PodInfo]:
-        """The pods of the current attempt, by index (worked out once per attempt a pass looks at)."""
-        if self._current is None or self._current[0] != self.restart:
+        """The pods of the current gang, by index: of each index the newest (a pod replaced alone
+        during a restart in place gives way to its replacement). Worked out once per gang."""
+        if self._current is None or self._current[0] != self.gang:
             n, per = self.pods_per_attempt, self.procs_per_pod
-            pods = {p.rank // per: p for p in self.o.pods
-                    if p.restart == self.restart and 0 <= p.rank < n * per and p.rank % per == 0}
-            self._current = (self.restart, pods)
+            pods: dict[int, PodInfo] = {}
+            for p in self.o.pods:
+                if p.restart == self.gang and 0 <= p.rank < n * per and p.rank % per == 0:
+                    i = p.rank // per
+                    if i not in pods or p.replacement > pods[i].replacement:
+                        pods[i] = p
+            self._current = (self.gang, pods)
         return dict(self._current[1])
+
+    def next_replacement(self, index: int) -> int:
+        """The replacement number a new pod of ``index`` in the current gang gets: above every pod of
+        that index seen (still there, or deleted recently), so its name is never one in use."""
+        per = self.procs_per_pod
+        seen = [p.replacement for p in (*self.o.pods, *self.o.gone)
+                if p.restart == self.gang and p.rank == index * per]
+        return max(seen, default=0) + 1
 
     def stale(self) -> list[PodInfo]:
         """Pods of other attempts (older ones, or ranks outside the mesh)."""
@@ -207,6 +284,12 @@ class Pass:
         self.create.extend(indices)
         self.create_restart = restart
 
+    def replace_pod(self, index: int, replacement: int, round_: int) -> None:
+        """Restart in place: creates pod ``index`` of the current gang alone, as its
+        ``replacement``-th replacement, joining round ``round_``."""
+        self.replace.append((index, replacement))
+        self.replace_round = round_
+
     def summarize(self) -> None:
         """status.reason and status.message: the condition that explains the phase, in one line."""
         phase = self.new.get("phase")
@@ -228,7 +311,7 @@ class Pass:
                 self.new["conditions"] = [
                     {**c, "observedGeneration": generation} for c in self.new["conditions"]
                 ]
-        restart = self.create_restart if self.create_restart is not None else int(self.new.get("restarts") or self.restart)
+        restart = self.create_restart if self.create_restart is not None else self.new_gang()
         return Plan(
             status=merge_patch(self.old, self.new),
             delete_pods=tuple(dict.fromkeys(self.delete_pods)),
@@ -247,7 +330,17 @@ class Pass:
             delete_job=self.delete_job,
             requeue_after=min(self.requeue) if self.requeue else None,
             pods_lost=self.pods_lost,
+            replace=tuple(dict.fromkeys(self.replace)),
+            replace_round=self.replace_round,
+            disruptions=int(self.new.get("disruptions") or 0),
         )
+
+    def new_gang(self) -> int:
+        """The attempt of the gang the status this pass writes names (gangRestart, else restarts)."""
+        gang = self.new.get("gangRestart")
+        if isinstance(gang, int) and not isinstance(gang, bool):
+            return gang
+        return int(self.new.get("restarts") or self.restart)
 
 
 def record_basics(p: Pass) -> None:
@@ -256,5 +349,5 @@ def record_basics(p: Pass) -> None:
         mesh=contract.format_mesh(p.spec.mesh_pairs),
         procs=p.spec.world_size,
         restarts=p.restart,
-        masterAddr=names.master_addr(p.o.job, p.restart),
+        masterAddr=names.master_addr(p.o.job, p.gang),
     )

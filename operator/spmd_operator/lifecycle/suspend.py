@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from monarch_spmd.spec import SCHEDULING_KUEUE
 
+from .. import names
 from .model import EVENT_NORMAL, EVENT_WARNING, PENDING, SUSPENDED, format_time
 from .status import Pass
 
@@ -94,6 +95,9 @@ def handle(p: Pass) -> bool:
     pods = p.pods_per_attempt
     p.new["phase"] = PENDING
     p.new["startTime"] = format_time(p.now)
+    # A new gang of the same attempt: after restarts in place it is the current round's.
+    p.new.pop("gangRestart", None)
+    p.new["masterAddr"] = names.master_addr(p.o.job, p.restart)
     p.condition("Created", "True", "PodsCreated", f"created {pods} pods for mesh {p.new['mesh']}")
     admitted = p.spec.scheduling_provider == SCHEDULING_KUEUE
     p.condition(SUSPENDED, "False", "Admitted" if admitted else "Resumed",

@@ -1,0 +1,327 @@
+"""Restart in place: what the gang's coordinator reports becomes the job's status; a lost pod is replaced alone.
+
+Where it sits: a policy of :mod:`spmd_operator.lifecycle`, beside :mod:`.failure` and :mod:`.gang`;
+it reads what the controller's observer heard from the current gang's coordinator (the agent of
+its rank-0 pod: :attr:`.model.Observed.coordinator`, the protocol of docs/restart-in-place.md).
+Pure, like every policy: the observer never writes to the API server, this module decides and
+the controller writes.
+
+With restartPolicy.mode InPlace the agents in the pods restart the processes themselves. The
+operator's part:
+
+* **Each restart becomes status.** Each ``restart`` event (the coordinator's decision to restart
+  in place) gives one status patch: restarts = its next round, status.failure (rank, pod, node,
+  exit code, reason, the last lines, the round that failed, the back-off), phase Restarting, one
+  Warning Event Restarting, and through the patch the restart metric. The operator judges the
+  restart again with the spec as it is now (maxRestarts and the permanent codes change at any
+  time): a failure that has become permanent, or a restart beyond maxRestarts, fails the job and
+  stops its pods. A restart caused by a pod the cluster took away (preemption, eviction) is a
+  disruption: not counted against maxRestarts, and status.disruptions reaches the pods created
+  after it. Restarts that happened while the operator was away (its own restart, a failover) come
+  in ``welcome``'s history and are recorded then, in one pass; one already recorded (its next
+  round is not above status.restarts) is never counted again.
+* **Running again** on ``all_running`` of the current round (not on the pods' phase: the pods
+  never stopped running).
+* **Progress**: status.lastProgressTime, the stalest rank's last output, written only when it
+  moved by PROGRESS_STATUS_SECONDS (a job whose ranks all print gets one write per 5 minutes; a
+  hung rank, none).
+* **Replace only what was lost** (:func:`replace_lost`): a lost pod other than rank 0's whose
+  containers are known to have ended (phase Failed, or deleted and gone without a node loss) is
+  created again alone, with the gang's MASTER_ADDR and the round it joins; the other pods wait
+  for it at the coordinator's barrier. Never rank 0's pod (it holds the coordinator and is what
+  MASTER_ADDR names: replacing it alone would connect the other pods' processes to a new store
+  under the old name, the mixing the barrier exists to prevent), never a pod whose node was lost
+  (its processes may still run), never without hearing the coordinator (it must be there to take
+  the pod in, and say no final verdict came): then :mod:`.failure` recreates the gang or fails the
+  job, as with RecreatePods.
+* A restart in place recorded for a round whose processes never started (the round did not come
+  together: rank 0's pod lost during it, RoundTimeout) is completed by recreating the gang as that
+  same round: the failure was counted once, when the restart was recorded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any, Final
+
+from monarch_spmd import policy
+from monarch_spmd.payload.names import EX_TEMPFAIL
+from monarch_spmd.spec import FAILURE_OUTPUT_NONE
+
+from .. import names
+from .model import (
+    EVENT_NORMAL,
+    EVENT_WARNING,
+    FAILED,
+    PENDING,
+    REASON_POD_DELETED,
+    REASON_POD_MISSING,
+    RESTARTING,
+    RUNNING,
+    SUCCEEDED,
+    CoordinatorView,
+    PodInfo,
+    format_time,
+    parse_time,
+)
+from .status import Failure, Pass
+
+#: A restart caused by a lost member (no process exit: MemberLost) waits this long for the pod's
+#: state to say why it went (a disruption is not counted) before it is recorded as a failure.
+LOST_WAIT_SECONDS: Final = 2.0
+#: status.lastProgressTime is written only when it moved by at least this much.
+PROGRESS_STATUS_SECONDS: Final = 300.0
+#: The coordinator's reason for a member whose agent is gone, not a process that exited.
+REASON_MEMBER_LOST: Final = "MemberLost"
+#: Reasons of a pod taken away with its node: its containers may still run there, so it is
+#: never replaced alone.
+NODE_LOSS_REASONS: Final = frozenset({"DeletionByTaintManager", "DeletionByPodGC", "NodeLost"})
+#: Reasons the agents report for a hung rank (torchrun's watchdog, the progress timeout).
+HANG_REASONS: Final = frozenset({"WatchdogTimeout", "NoProgress"})
+
+
+def view(p: Pass) -> CoordinatorView | None:
+    """What was heard from the current gang's coordinator (its rank-0 pod's agent), if anything."""
+    v = p.o.coordinator
+    if v is None or not p.in_place or v.pod != names.pod_name(p.o.job, p.gang, 0):
+        return None
+    return v
+
+
+def _int(value: Any, default: int | None = None) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _time(event: Mapping[str, Any], key: str = "time") -> dt.datetime | None:
+    value = event.get(key)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return dt.datetime.fromtimestamp(float(value), dt.timezone.utc)
+    return None
+
+
+# --- recording what the coordinator reported ------------------------------------------------------
+
+
+def handle(p: Pass) -> bool:
+    """Records the coordinator's restarts, the gang running again and its progress; True when the
+    job failed on a restart the operator judges otherwise (permanent now, or beyond maxRestarts)."""
+    v = view(p)
+    if v is None:
+        return False
+    if _record_restarts(p, v):
+        return True
+    _running_again(p, v)
+    _progress(p, v)
+    return False
+
+
+def _lost_pod(p: Pass, member: int) -> PodInfo | None:
+    """Member ``member``'s pod as it was lost: being deleted, ended, or gone (its last state seen,
+    or a placeholder when none was); None while it still looks alive."""
+    pod = p.current().get(member)
+    if pod is not None:
+        return pod if pod.deleting or pod.finished or pod.phase == "Unknown" else None
+    gone = [g for g in p.o.gone if g.restart == p.gang and p.index(g) == member]
+    if gone:
+        return max(gone, key=lambda g: g.replacement)
+    return PodInfo(name=names.pod_name(p.o.job, p.gang, member), rank=member * p.procs_per_pod, restart=p.gang,
+                   phase=FAILED, reason=REASON_POD_MISSING,
+                   message="the pod disappeared while the job was running")
+
+
+def _loss_reason(pod: PodInfo) -> str:
+    if pod.disrupted and pod.reason:
+        return pod.reason
+    if pod.finished:
+        return pod.reason or ("Error" if pod.exit_code else FAILED)
+    if pod.deleting:
+        return REASON_POD_DELETED
+    return pod.reason or REASON_POD_MISSING
+
+
+def _text(p: Pass, event: Mapping[str, Any]) -> str | None:
+    """A coordinator event's message with the rank's last lines before it (none with failureOutput
+    None: the agents send none then, and none would be shown)."""
+    lines = [str(x) for x in event.get("tail") or []] if p.spec.failure_output != FAILURE_OUTPUT_NONE else []
+    message = event.get("message")
+    if message and (not lines or lines[-1] != message):
+        lines.append(str(message))
+    return "\n".join(lines) or None
+
+
+def _failure(p: Pass, event: Mapping[str, Any]) -> Failure:
+    """The Failure a ``restart`` or ``failed`` event reports, in the lifecycle's terms."""
+    per = p.procs_per_pod
+    member = _int(event.get("member"), 0) or 0
+    rank = _int(event.get("rank"))
+    rank = member * per if rank is None else rank
+    pod = p.current().get(member)
+    if event.get("reason") == REASON_MEMBER_LOST:
+        lost = _lost_pod(p, member)
+        if lost is not None:
+            reason = _loss_reason(lost)
+            message = policy.failure_text(p.spec, lost.message) or (
+                None if lost.finished else "the pod was deleted (evicted, drained or deleted by hand) before it finished")
+            disruption = lost.disrupted or policy.is_disruption(reason)
+            return Failure(rank, lost.name, lost.node or event.get("node") or None, lost.exit_code, reason,
+                           message or event.get("message"), policy.is_permanent(p.spec, lost.exit_code, reason),
+                           disruption, True, (0, "~", member))
+    name = pod.name if pod is not None else names.pod_name(p.o.job, p.gang, member)
+    node = event.get("node") or (pod.node if pod is not None else None) or None
+    code = _int(event.get("rank_exit_code"), _int(event.get("exit_code")))
+    reason = str(event.get("reason") or "Error")
+    permanent = policy.is_permanent(p.spec, code, reason) and not event.get("fallback")
+    return Failure(rank, name, node, code, reason, _text(p, event), permanent, False,
+                   reason == REASON_MEMBER_LOST, (0, "~", member))
+
+
+def _record_restarts(p: Pass, v: CoordinatorView) -> bool:
+    pending = sorted((e for e in v.restarts if (_int(e.get("next_round"), -1) or -1) > p.restart),
+                     key=lambda e: int(e["next_round"]))
+    for event in pending:
+        member = _int(event.get("member"), 0) or 0
+        if event.get("reason") == REASON_MEMBER_LOST and _lost_pod(p, member) is None:
+            received = event.get("received")
+            age = p.now.timestamp() - received if isinstance(received, (int, float)) else LOST_WAIT_SECONDS
+            if age < LOST_WAIT_SECONDS:
+                p.requeue.append(LOST_WAIT_SECONDS - age)
+                return False
+        f = _failure(p, event)
+        nxt = int(event["next_round"])
+        failed_round = _int(event.get("round"), nxt - 1)
+        at = _time(event) or p.now
+        record = f.as_status(failed_round if failed_round is not None else nxt - 1, at)
+        cause = f.describe()
+        disruptions = int(p.new.get("disruptions") or 0)
+        counted = p.restart - disruptions
+        if f.permanent:
+            p.fail("PermanentFailure", f"{cause}; permanent, no restart (restartPolicy as it is now)", failure=record)
+            p.counts(p.current())
+            return True
+        if not f.disruption and counted >= p.spec.max_restarts:
+            p.fail("RestartLimitExceeded", f"{cause}; restart limit {p.spec.max_restarts} reached", failure=record)
+            p.counts(p.current())
+            return True
+        backoff = event.get("backoff_seconds")
+        backoff = float(backoff) if isinstance(backoff, (int, float)) and not isinstance(backoff, bool) else 0.0
+        record.update(inPlace=True, backoffSeconds=int(round(backoff)))
+        if f.disruption:
+            p.new["disruptions"] = disruptions + 1
+            why = "a disruption, not counted against maxRestarts"
+        else:
+            why = f"restart {counted + 1} of at most {p.spec.max_restarts}"
+        if f.lost:
+            how = (f"the other pods restart in place and wait for pod {f.pod} to be created again alone"
+                   if p.index_of_rank(f.rank) != 0 else "restarting in place")
+        else:
+            how = "restarting in place"
+        if backoff > 0:
+            how += f"; restart {nxt} starts after a back-off of {backoff:g}s, at {format_time(at + dt.timedelta(seconds=backoff))}"
+        message = f"{cause}; {why}, {how}"
+        p.new.update(phase=RESTARTING, restarts=nxt, gangRestart=p.gang, failure=record)
+        p.condition(RESTARTING, "True", "RestartingInPlace", message)
+        p.clear(RUNNING, "RestartingInPlace", f"the gang restarts in place (restart {nxt})")
+        p.event(EVENT_WARNING, "Restarting", message)
+        p.restart = nxt
+    return False
+
+
+def _running_again(p: Pass, v: CoordinatorView) -> None:
+    """The current round's processes all run (``all_running``): the job is Running again."""
+    if p.new.get("phase") != RESTARTING or not p.in_place_round:
+        return
+    if v.round != p.restart or v.phase != "running":
+        return  # a newer failure is being handled, or the coordinator is not there yet
+    event = v.running_round(p.restart)
+    if event is None:
+        return
+    seconds = event.get("seconds_since_failure")
+    after = f", {float(seconds):.1f}s after the failure" if isinstance(seconds, (int, float)) else ""
+    message = f"all {p.spec.world_size} procs are running again (restart {p.restart}, in place{after})"
+    p.new["phase"] = RUNNING
+    p.condition(RUNNING, "True", "AllProcsRunning", message)
+    p.clear(RESTARTING, "AllProcsRunning", f"restart {p.restart} is running")
+    p.event(EVENT_NORMAL, "Running", message)
+
+
+def _progress(p: Pass, v: CoordinatorView) -> None:
+    """status.lastProgressTime from the latest ``progress`` event of the running round."""
+    event = v.progress
+    if event is None or not v.connected or v.phase != "running" or event.get("round") != v.round:
+        return
+    at, idle = _time(event), event.get("seconds_since_progress")
+    if at is None or not isinstance(idle, (int, float)) or isinstance(idle, bool):
+        return
+    last = at - dt.timedelta(seconds=max(0.0, float(idle)))
+    stored = parse_time(p.o.status.get("lastProgressTime"))
+    if stored is None or (last - stored).total_seconds() >= PROGRESS_STATUS_SECONDS:
+        p.new["lastProgressTime"] = format_time(last)
+
+
+# --- failures of the gang's pods ------------------------------------------------------------------
+
+
+def replace_lost(p: Pass, found: list[Failure]) -> bool:
+    """Replaces lost pods (not rank 0's) alone while the coordinator takes them back; True if it
+    did or waits for one to end; False when the gang must be recreated or the job fail instead."""
+    v = view(p)
+    if v is None or not v.connected or v.final is not None or v.open_round() is None:
+        return False
+    current = p.current()
+    zero = current.get(0)
+    if zero is None or zero.phase != RUNNING or zero.deleting:
+        return False
+    todo: list[int] = []
+    waiting: list[PodInfo] = []
+    for f in found:
+        index = p.index_of_rank(f.rank)
+        pod = current.get(index)
+        if index == 0 or f.permanent or f.reason in NODE_LOSS_REASONS:
+            return False
+        if pod is not None and (pod.phase in (PENDING, SUCCEEDED, "Unknown") and not pod.deleting):
+            return False  # one that cannot start, or ended well: not a lost member
+        if pod is not None and pod.exit_code == EX_TEMPFAIL:
+            return False  # its agent gave up in place: the gang must be recreated
+        if pod is None or pod.finished:
+            todo.append(index)
+        elif pod.deleting:
+            waiting.append(pod)  # its containers may still run: replaced once they ended
+        else:
+            return False
+    round_ = v.open_round()
+    assert round_ is not None
+    for index in todo:
+        p.replace_pod(index, p.next_replacement(index), round_)
+    if p.new.get("phase") == RESTARTING:
+        replaced = ", ".join(names.pod_name(p.o.job, p.gang, i, n) for i, n in p.replace)
+        parts = [f"creating {replaced} alone" if replaced else "",
+                 f"waiting for {', '.join(w.name for w in waiting)} to terminate before it is replaced" if waiting else ""]
+        before = next((c for c in p.conditions if c.get("type") == RESTARTING), {})
+        text = "; ".join(x for x in parts if x)
+        if text and text not in (before.get("message") or ""):
+            p.condition(RESTARTING, "True", before.get("reason") or "RestartingInPlace",
+                        f"{before.get('message') or 'restarting in place'}; {text}"[-2048:])
+    p.counts(current)
+    p.pods_lost = bool(todo or waiting)
+    return True
+
+
+def verdict(p: Pass) -> Failure | None:
+    """The coordinator's final ``failed`` verdict on the current gang as the root cause (it names
+    the rank whose failure decided it, which the pods' exit codes alone cannot), or None."""
+    v = view(p)
+    if v is None or v.final is None or v.final.get("type") != "failed" or _int(v.final.get("rank")) is None:
+        return None
+    f = _failure(p, v.final)
+    return dataclasses.replace(f, exit_code=_int(v.final.get("rank_exit_code"), f.exit_code))
+
+
+def unstarted_round(p: Pass) -> bool:
+    """A restart in place was recorded for the current round, whose processes never started (its
+    gang never came together): recreating the gang completes that restart, not a new one."""
+    if not p.in_place_round or p.phase != RESTARTING:
+        return False
+    v = view(p)
+    return v is not None and v.heard and not v.round_started(p.restart)

@@ -1,0 +1,243 @@
+"""The operator's observer connection to a gang's restart-in-place coordinator: it listens, never writes.
+
+Where it sits: beside the controller, which starts one per job whose gang restarts in place
+(restartPolicy.mode InPlace) once the gang's rank-0 pod runs, stops it when that pod goes, the
+gang is recreated, the job ends or is suspended or deleted, or this replica stops leading, and
+hands what it heard to the lifecycle as a :class:`.lifecycle.CoordinatorView`. Above
+:mod:`monarch_spmd.payload.rendezvous` (the protocol's names and line framing) and
+:mod:`.lifecycle.model`; no Kubernetes API here at all.
+
+The protocol is docs/restart-in-place.md's observer protocol, version 1: connect to the rank-0
+pod's IP on the agent port (``spmd-agent``), send ``hello`` (role observer), read ``welcome``
+(the coordinator's round, phase and the history of its job-level events), then one event per
+line. What is heard is kept (restarts, rounds, the barrier closing, the processes all running,
+members lost, the final verdict, the latest progress report) and the job's loop is woken: the
+pass decides, and writes one status patch and one Event per restart. The connection itself
+never touches the API server, so no fence is needed here; nothing is ever sent to the
+coordinator after ``hello``.
+
+Failures: a refused or broken connection, a line that is not a message, or a gap in the events'
+sequence numbers (lines lost) closes it; it is opened again after a back-off (0.2 s growing to
+RECONNECT_MAX_SECONDS), and ``welcome`` brings the history back, so nothing is missed; a
+restart already recorded is never counted twice (the lifecycle compares rounds with
+status.restarts). TCP keepalive notices a rank-0 pod whose node is gone in ~7 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from monarch_spmd.payload import rendezvous
+
+from .lifecycle.model import CoordinatorView
+
+logger = logging.getLogger(__name__)
+
+#: Waits between connection attempts, growing to the last, which repeats.
+RECONNECT_SECONDS: Final = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+RECONNECT_MAX_SECONDS: Final = RECONNECT_SECONDS[-1]
+#: How long one connection attempt (and the welcome after it) may take.
+CONNECT_TIMEOUT: Final = 5.0
+
+Target = tuple[str, str, str, int]  # (pod name, pod uid, address, port)
+
+
+class Observer:
+    """One job's observer connection to its gang's coordinator.
+
+    Args:
+        pod: the gang's rank-0 pod (name, uid), whose agent runs the coordinator.
+        address: the pod's IP.
+        port: the agent port (the pod's ``spmd-agent`` container port).
+        wake: called (on the event loop) after each batch of messages: the job's loop runs a pass.
+    """
+
+    def __init__(self, pod: tuple[str, str], address: str, port: int, wake: Callable[[], None]) -> None:
+        self.pod_name, self.pod_uid = pod
+        self.address = address
+        self.port = port
+        self.wake = wake
+        self.task: asyncio.Task[None] | None = None
+        self.connected = False
+        self.error: str | None = None
+        self.round: int | None = None
+        self.phase: str | None = None
+        self.events: dict[str, list[dict[str, Any]]] = {}
+        self.final: dict[str, Any] | None = None
+        self.progress: dict[str, Any] | None = None
+        self.seq = 0
+        self.received: dict[int, float] = {}
+        self.progress_at: float | None = None  # monotonic time the latest progress event came
+        self._view: CoordinatorView | None = None
+
+    @property
+    def target(self) -> Target:
+        return (self.pod_name, self.pod_uid, self.address, self.port)
+
+    def start(self) -> None:
+        if self.task is None or self.task.done():
+            self.task = asyncio.create_task(self._run(), name=f"observer {self.pod_name}")
+
+    def stop(self) -> None:
+        """Closes the connection (what was heard is kept: :meth:`view` still says it)."""
+        if self.task is not None:
+            self.task.cancel()
+            self.task = None
+        if self.connected:
+            self.connected = False
+            self._view = None
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    # --- what was heard ------------------------------------------------------------------------
+
+    def view(self) -> CoordinatorView:
+        """What was heard, as the lifecycle reads it (an immutable snapshot)."""
+        if self._view is None:
+            kinds = self.events
+            self._view = CoordinatorView(
+                pod=self.pod_name, connected=self.connected, error=self.error, round=self.round, phase=self.phase,
+                restarts=tuple(kinds.get(rendezvous.EV_RESTART, ())), rounds=tuple(kinds.get(rendezvous.EV_ROUND, ())),
+                started=tuple(kinds.get(rendezvous.EV_STARTED, ())),
+                all_running=tuple(kinds.get(rendezvous.EV_ALL_RUNNING, ())),
+                lost=tuple(kinds.get(rendezvous.EV_LOST, ())), final=self.final, progress=self.progress)
+        return self._view
+
+    def seconds_since_progress(self) -> float | None:
+        """The stalest rank's seconds without output now, while the gang runs, else None."""
+        event = self.progress
+        if not self.connected or self.phase != rendezvous.RUNNING_PHASE or event is None or self.progress_at is None:
+            return None
+        if event.get("round") != self.round:
+            return None
+        idle = event.get("seconds_since_progress")
+        if not isinstance(idle, (int, float)) or isinstance(idle, bool):
+            return None
+        return float(idle) + max(0.0, time.monotonic() - self.progress_at)
+
+    def _apply(self, event: Mapping[str, Any], received: float) -> None:
+        kind = event.get("type")
+        seq = event.get("seq")
+        if isinstance(seq, int):
+            received = self.received.setdefault(seq, received)
+        item = {**event, "received": received}
+        r = event.get("round")
+        if kind in (rendezvous.EV_ROUND, rendezvous.EV_STARTED, rendezvous.EV_ALL_RUNNING, rendezvous.EV_RESTART,
+                    rendezvous.EV_LOST):
+            self.events.setdefault(str(kind), []).append(item)
+        if kind == rendezvous.EV_ROUND and isinstance(r, int):
+            self.round, self.phase = r, rendezvous.JOINING
+        elif kind == rendezvous.EV_STARTED:
+            self.phase = rendezvous.RUNNING_PHASE
+        elif kind == rendezvous.EV_FAILURE and self.phase == rendezvous.RUNNING_PHASE:
+            self.phase = rendezvous.STOPPING
+        elif kind == rendezvous.EV_PROGRESS:
+            self.progress, self.progress_at = item, time.monotonic()
+        elif kind == rendezvous.EV_SUCCEEDED:
+            self.final, self.phase = item, rendezvous.FINISHED
+        elif kind == rendezvous.EV_FAILED:
+            self.final, self.phase = item, rendezvous.FAILED
+        self._view = None
+
+    def _welcome(self, message: Mapping[str, Any]) -> None:
+        """Starts over from the coordinator's own account: its state now and its history."""
+        now = time.time()
+        self.events, self.final = {}, None
+        for event in message.get("history") or []:
+            if isinstance(event, Mapping):
+                self._apply(event, now)
+        r, phase = message.get("round"), message.get("phase")
+        self.round = r if isinstance(r, int) else self.round
+        self.phase = phase if isinstance(phase, str) else self.phase
+        seq = message.get("seq")
+        self.seq = seq if isinstance(seq, int) else 0
+        self.connected, self.error = True, None
+        self._view = None
+
+    # --- the connection --------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        tries = 0
+        while True:
+            try:
+                await self._session()
+                tries = 0  # it had connected: start the back-off over
+            except asyncio.CancelledError:
+                raise
+            except (OSError, asyncio.TimeoutError, rendezvous.ProtocolError, ConnectionError, ValueError) as e:
+                self.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            finally:
+                if self.connected:
+                    self.connected = False
+                    self._view = None
+                    self.wake()
+            wait = RECONNECT_SECONDS[min(tries, len(RECONNECT_SECONDS) - 1)]
+            tries += 1
+            if self.final is not None:
+                return  # the verdict is in: the agents are ending, nothing more will come
+            logger.debug("observer %s:%s (%s): %s; again in %ss", self.address, self.port, self.pod_name, self.error, wait)
+            await asyncio.sleep(wait)
+
+    async def _session(self) -> None:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(self.address, self.port, limit=rendezvous.MAX_LINE + 1024), CONNECT_TIMEOUT)
+        try:
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                _keepalive(sock)
+            writer.write(rendezvous.encode({"type": rendezvous.HELLO, "role": rendezvous.ROLE_OBSERVER,
+                                            "versions": list(rendezvous.VERSIONS)}))
+            await writer.drain()
+            first = await asyncio.wait_for(reader.readline(), CONNECT_TIMEOUT)
+            welcome = _decode(first)
+            if welcome.get("type") == rendezvous.REFUSED:
+                raise ConnectionError(f"refused by the coordinator: {welcome.get('reason')}")
+            if welcome.get("type") != rendezvous.WELCOME:
+                raise rendezvous.ProtocolError(f"expected welcome, got {welcome.get('type')!r}")
+            self._welcome(welcome)
+            self.wake()
+            while True:
+                line = await reader.readline()
+                if not line:
+                    self.error = "the coordinator closed the connection"
+                    return
+                event = _decode(line)
+                seq = event.get("seq")
+                if isinstance(seq, int):
+                    if seq != self.seq + 1:
+                        raise rendezvous.ProtocolError(f"event {seq} after {self.seq}: lines were lost")
+                    self.seq = seq
+                self._apply(event, time.time())
+                self.wake()
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+
+def _decode(line: bytes) -> dict[str, Any]:
+    if not line:
+        raise ConnectionError("the coordinator closed the connection")
+    messages = rendezvous.LineBuffer().feed(line if line.endswith(b"\n") else line + b"\n")
+    if len(messages) != 1:
+        raise rendezvous.ProtocolError(f"expected one message on a line, got {len(messages)}")
+    return messages[0]
+
+
+def _keepalive(sock: Any) -> None:
+    """TCP keepalive as the agents use it (rendezvous.KEEPALIVE_*): a lost node is noticed in ~7 s."""
+    with contextlib.suppress(OSError, AttributeError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in (("TCP_KEEPIDLE", rendezvous.KEEPALIVE_IDLE), ("TCP_KEEPINTVL", rendezvous.KEEPALIVE_INTERVAL),
+                            ("TCP_KEEPCNT", rendezvous.KEEPALIVE_COUNT)):
+            option = getattr(socket, name, None)
+            if option is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)

@@ -1,0 +1,308 @@
+"""Restart in place (lifecycle.inplace, and its part in lifecycle.failure and lifecycle.gang): what the
+coordinator reports becomes status, Events and counts; a lost pod is replaced alone or the gang is
+recreated; the operator judges every restart with the spec as it is now."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+from spmd_operator import names
+from spmd_operator.lifecycle import CoordinatorView
+
+from .helpers import JOB, NOW, apply, cond, deleting, events, gang, pod, pod_name, run, spec, status
+
+T = NOW.timestamp()
+
+
+def restart_event(next_round=1, rank=2, member=None, code=1, reason="Error", backoff=0.0, received=T - 5, **kw):
+    return {"type": "restart", "seq": 10 + next_round, "time": T - 6, "round": next_round - 1, "next_round": next_round,
+            "rank": rank, "member": rank if member is None else member, "exit_code": code, "reason": reason,
+            "message": kw.pop("message", f"rank {rank} exited with code {code}"),
+            "tail": kw.pop("tail", ["Traceback (most recent call last):", "RuntimeError: boom"]),
+            "counted": next_round, "max_restarts": 3, "backoff_seconds": backoff, "received": received, **kw}
+
+
+def view(gang_restart=0, *, round_=1, phase="joining", restarts=(), started=(), all_running=(), final=None,
+         progress=None, connected=True, rounds=()):
+    return CoordinatorView(pod=names.pod_name(JOB, gang_restart, 0), connected=connected, round=round_, phase=phase,
+                           restarts=tuple(restarts), started=tuple({"type": "started", "round": r} for r in started),
+                           all_running=tuple({"type": "all_running", "round": r, "seconds_since_failure": 1.25}
+                                             for r in all_running),
+                           rounds=tuple(rounds), final=final, progress=progress)
+
+
+def test_a_restart_in_place_is_one_status_patch_and_one_event_and_no_pod_is_touched():
+    st = status("Running")
+    plan = run(st=st, pods=gang("Running"), coordinator=view(restarts=[restart_event(backoff=0.0)]))
+    new = apply(st, plan)
+    assert (new["phase"], new["restarts"], new["gangRestart"]) == ("Restarting", 1, 0)
+    assert new["masterAddr"] == names.master_addr(JOB, 0), "the same MASTER_ADDR: the pods stay"
+    assert new["failure"] == {"rank": 2, "pod": pod_name(2), "node": "node-2", "exitCode": 1, "reason": "Error",
+                              "message": "Traceback (most recent call last):\nRuntimeError: boom\nrank 2 exited with code 1",
+                              "restart": 0, "permanent": False, "disruption": False, "time": "2026-01-01T11:59:54Z",
+                              "inPlace": True, "backoffSeconds": 0}
+    assert plan.delete_pods == () and plan.create == () and plan.replace == ()
+    assert plan.service is None and plan.delete_services == (), "the gang's Service stays"
+    [event] = plan.events
+    assert (event.type, event.reason) == ("Warning", "Restarting")
+    assert "rank 2" in event.message and "restart 1 of at most 3" in event.message and "in place" in event.message
+    restarting = cond(new, "Restarting")
+    assert (restarting["status"], restarting["reason"]) == ("True", "RestartingInPlace")
+
+
+def test_a_restart_already_recorded_is_never_counted_again():
+    st = status("Restarting", restarts=1, gangRestart=0,
+                conditions=[{"type": "Restarting", "status": "True", "reason": "RestartingInPlace", "message": "x",
+                             "lastTransitionTime": "2026-01-01T11:59:54Z"}])
+    plan = run(st=st, pods=gang("Running"), coordinator=view(restarts=[restart_event()], round_=1, phase="joining"))
+    assert events(plan) == []
+    new = apply(st, plan)
+    assert (new["phase"], new["restarts"]) == ("Restarting", 1)
+
+
+def test_the_back_off_of_the_waiting_round_is_in_the_condition_and_the_event():
+    st = status("Running")
+    plan = run(st=st, pods=gang("Running"), coordinator=view(restarts=[restart_event(backoff=20.0)]))
+    new = apply(st, plan)
+    assert new["failure"]["backoffSeconds"] == 20
+    message = cond(new, "Restarting")["message"]
+    assert "after a back-off of 20s, at 2026-01-01T12:00:14Z" in message, message
+    assert "back-off of 20s" in plan.events[0].message
+
+
+def test_running_again_only_when_the_coordinator_says_every_process_of_the_round_runs():
+    st = apply(status("Running"), run(st=status("Running"), pods=gang("Running"),
+                                      coordinator=view(restarts=[restart_event()])))
+    # The pods never stopped running: their phase says nothing about the processes.
+    waiting = run(st=st, pods=gang("Running"), coordinator=view(restarts=[restart_event()], phase="joining"))
+    assert apply(st, waiting)["phase"] == "Restarting" and events(waiting) == []
+    started = run(st=st, pods=gang("Running"), coordinator=view(restarts=[restart_event()], phase="running",
+                                                                 started=[1], all_running=[1]))
+    new = apply(st, started)
+    assert new["phase"] == "Running"
+    running = cond(new, "Running")
+    assert running["status"] == "True" and "restart 1, in place, 1.2s after the failure" in running["message"]
+    assert cond(new, "Restarting")["status"] == "False"
+    assert events(started) == [("Normal", "Running")]
+
+
+def test_without_the_coordinator_a_restart_in_place_stays_restarting():
+    st = status("Restarting", restarts=1, gangRestart=0)
+    plan = run(st=st, pods=gang("Running"))  # the observer has not connected (yet)
+    assert apply(st, plan)["phase"] == "Restarting" and plan.delete_pods == () and plan.create == ()
+
+
+def test_restarts_missed_while_the_operator_was_away_are_recorded_in_one_pass():
+    st = status("Running")
+    history = [restart_event(1, rank=2), restart_event(2, rank=3, code=9)]
+    plan = run(st=st, pods=gang("Running"),
+               coordinator=view(restarts=history, round_=2, phase="running", started=[1, 2], all_running=[1, 2]))
+    new = apply(st, plan)
+    assert (new["restarts"], new["phase"], new["failure"]["rank"], new["failure"]["exitCode"]) == (2, "Running", 3, 9)
+    assert events(plan) == [("Warning", "Restarting"), ("Warning", "Restarting"), ("Normal", "Running")]
+
+
+def test_the_operator_judges_each_restart_with_the_spec_as_it_is_now():
+    st = status("Running", restarts=2, gangRestart=0)
+    # maxRestarts lowered to 2 after the gang started: the coordinator still restarted a third time.
+    plan = run(s=spec(restartPolicy={"maxRestarts": 2}), st=st, pods=gang("Running"),
+               coordinator=view(restarts=[restart_event(3)], round_=3))
+    new = apply(st, plan)
+    assert new["phase"] == "Failed" and cond(new, "Failed")["reason"] == "RestartLimitExceeded"
+    assert set(plan.delete_pods) == {pod_name(i) for i in range(4)}, "its pods are stopped"
+    # An exit code made permanent since: the job fails at once.
+    plan = run(s=spec(restartPolicy={"permanentExitCodes": [1]}), st=status("Running"), pods=gang("Running"),
+               coordinator=view(restarts=[restart_event()]))
+    new = apply(status("Running"), plan)
+    assert new["phase"] == "Failed" and cond(new, "Failed")["reason"] == "PermanentFailure"
+    assert new["failure"]["permanent"] is True
+
+
+def test_a_hang_reaches_status_naming_the_rank_and_its_last_line():
+    st = status("Running")
+    message = "rank 1 wrote nothing for 2s (progress timeout 2s); last line: step 41 done"
+    plan = run(st=st, pods=gang("Running"), coordinator=view(restarts=[
+        restart_event(rank=1, code=137, reason="NoProgress", message=message, tail=["step 41 done"])]))
+    new = apply(st, plan)
+    assert (new["failure"]["rank"], new["failure"]["reason"], new["failure"]["exitCode"]) == (1, "NoProgress", 137)
+    assert new["failure"]["message"].splitlines()[-1] == message
+    assert "NoProgress: rank 1 wrote nothing for 2s" in plan.events[0].message
+
+
+def test_failure_output_none_keeps_the_output_out_of_status_even_if_a_tail_came():
+    st = status("Running")
+    plan = run(s=spec(failureOutput="None"), st=st, pods=gang("Running"),
+               coordinator=view(restarts=[restart_event(tail=["password=hunter2"])]))
+    new = apply(st, plan)
+    assert new["failure"]["message"] == "rank 2 exited with code 1"
+    assert "hunter2" not in plan.events[0].message
+
+
+def test_a_lost_member_that_the_cluster_evicted_is_a_disruption():
+    st = status("Running", disruptions=0)
+    pods = gang("Running")
+    pods[2] = pod(2, "Failed", exit_code=143, reason="Evicted", disrupted=True, message="The node was low on memory.")
+    lost = restart_event(rank=None, member=2, code=None, reason="MemberLost", message="member 2's agent is gone (Left)",
+                         tail=[])
+    plan = run(s=spec(restartPolicy={"maxRestarts": 0}), st=st, pods=pods, coordinator=view(restarts=[lost]))
+    new = apply(st, plan)
+    assert (new["phase"], new["restarts"], new["disruptions"]) == ("Restarting", 1, 1), "maxRestarts 0, yet it goes on"
+    assert (new["failure"]["rank"], new["failure"]["reason"], new["failure"]["disruption"]) == (2, "Evicted", True)
+    assert "pod " + pod_name(2) + " to be created again alone" in plan.events[0].message
+
+
+def test_a_lost_member_waits_briefly_for_its_pod_to_say_why_then_counts():
+    st = status("Running")
+    lost = restart_event(rank=None, member=1, code=None, reason="MemberLost", tail=[],
+                         message="member 1's agent is gone (Disconnected)", received=T - 0.5)
+    plan = run(st=st, pods=gang("Running"), coordinator=view(restarts=[lost]))
+    assert plan.status.get("restarts") is None and events(plan) == []
+    assert 1.0 <= plan.requeue_after <= 1.5
+    later = run(st=st, pods=gang("Running"), coordinator=view(restarts=[dict(lost, received=T - 3)]))
+    new = apply(st, later)
+    assert (new["restarts"], new["failure"]["reason"], new["failure"]["disruption"]) == (1, "MemberLost", False)
+    pods = deleting(gang("Running"))
+    seen = run(st=st, pods=pods, coordinator=view(restarts=[lost]))
+    assert apply(st, seen)["failure"]["reason"] == "PodDeleted", "its pod is being deleted: said at once"
+
+
+# --- replace only what was lost -------------------------------------------------------------------
+
+
+def test_a_lost_pod_whose_containers_ended_is_replaced_alone_at_the_open_round():
+    st = status("Restarting", restarts=1, gangRestart=0)
+    pods = gang("Running")
+    pods[3] = pod(3, "Failed", exit_code=143, reason="Error")
+    plan = run(st=st, pods=pods, coordinator=view(round_=1, phase="joining"))
+    assert plan.replace == ((3, 1),) and plan.replace_round == 1 and plan.restart == 0
+    assert plan.delete_pods == () and plan.create == ()
+    new = apply(st, plan)
+    assert (new["phase"], new["restarts"]) == ("Restarting", 1), "the restart itself was recorded from the coordinator"
+    assert names.pod_name(JOB, 0, 3, 1) in cond(new, "Restarting")["message"]
+    # Lost while the round still runs: it joins the next one.
+    plan = run(st=status("Running"), pods=pods, coordinator=view(round_=0, phase="stopping"))
+    assert plan.replace == ((3, 1),) and plan.replace_round == 1
+
+
+def test_a_pod_still_terminating_is_waited_for_and_a_replacement_gets_a_name_of_its_own():
+    st = status("Restarting", restarts=1, gangRestart=0)
+    pods = gang("Running")
+    pods[1] = dataclasses.replace(pod(1), deleting=True)
+    plan = run(st=st, pods=pods, coordinator=view())
+    assert plan.replace == () and plan.delete_pods == () and plan.create == ()
+    assert "waiting for " + pod_name(1) in cond(apply(st, plan), "Restarting")["message"]
+    # Its first replacement was lost too: the next one is the second.
+    old = pod(1, "Failed", exit_code=137, reason="OOMKilled")
+    first = dataclasses.replace(pod(1, "Failed", exit_code=143), name=names.pod_name(JOB, 0, 1, 1), replacement=1)
+    plan = run(st=st, pods=[p for p in gang("Running") if p.rank != 1] + [old, first], coordinator=view())
+    assert plan.replace == ((1, 2),)
+
+
+def test_once_the_replacement_exists_it_is_the_pod_of_its_index_and_the_old_one_goes():
+    st = status("Restarting", restarts=1, gangRestart=0)
+    pods = gang("Running")
+    pods[3] = pod(3, "Failed", exit_code=143)
+    replacement = dataclasses.replace(pod(3, "Pending"), name=names.pod_name(JOB, 0, 3, 1), replacement=1)
+    plan = run(st=st, pods=[*pods, replacement], coordinator=view())
+    assert plan.replace == () and plan.delete_pods == (pod_name(3),)
+    assert apply(st, plan)["phase"] == "Restarting"
+
+
+def test_what_cannot_be_replaced_alone_recreates_the_gang():
+    st = status("Running")
+    lost_zero = gang("Running")
+    lost_zero[0] = pod(0, "Failed", exit_code=143)
+    cases = {
+        "rank 0's pod (the coordinator, MASTER_ADDR)": (lost_zero, view(round_=0, phase="stopping")),
+        "its node was lost": ([*gang("Running")[:2], pod(2, "Failed", reason="DeletionByPodGC", disrupted=True),
+                               pod(3)], view(round_=0, phase="stopping")),
+        "the coordinator is not heard": ([*gang("Running")[:2], pod(2, "Failed", exit_code=143), pod(3)], None),
+        "the connection is down": ([*gang("Running")[:2], pod(2, "Failed", exit_code=143), pod(3)],
+                                   view(round_=0, phase="stopping", connected=False)),
+        "its agent gave up in place (75)": ([*gang("Running")[:2], pod(2, "Failed", exit_code=75), pod(3)],
+                                            view(round_=0, phase="running")),
+    }
+    for what, (pods, coordinator) in cases.items():
+        plan = run(st=st, pods=pods, coordinator=coordinator)
+        new = apply(st, plan)
+        assert plan.replace == (), what
+        assert (new["phase"], new["restarts"]) == ("Restarting", 1), what
+        assert "gangRestart" not in new and new["masterAddr"] == names.master_addr(JOB, 1), what
+        assert set(plan.delete_pods) >= {p.name for p in pods if not p.finished}, what
+
+
+def test_the_coordinators_verdict_names_the_root_cause_when_the_pods_end():
+    st = status("Running", restarts=3, gangRestart=0)
+    final = {"type": "failed", "round": 3, "rank": 5, "member": 2, "exit_code": 7, "rank_exit_code": 7, "reason": "Error",
+             "message": "rank 5 exited with code 7", "tail": ["ValueError: bad batch"], "permanent": False,
+             "exhausted": True, "fallback": False, "counted": 3, "max_restarts": 3}
+    pods = [pod(r, "Failed", exit_code=7, reason="Error", finished_at=f"2026-01-01T11:59:5{r}Z") for r in range(4)]
+    plan = run(s=spec(podLayout="PerHost"), st=st, pods=[pods[0], pods[2]],
+               coordinator=view(round_=3, phase="failed", final=final, connected=False))
+    new = apply(st, plan)
+    assert new["phase"] == "Failed" and cond(new, "Failed")["reason"] == "RestartLimitExceeded"
+    assert (new["failure"]["rank"], new["failure"]["pod"], new["failure"]["exitCode"]) == (5, pod_name(2), 7)
+    assert new["failure"]["message"].splitlines() == ["ValueError: bad batch", "rank 5 exited with code 7"]
+    # maxRestarts raised since the pods were created: the operator recreates the gang instead.
+    plan = run(s=spec(podLayout="PerHost", restartPolicy={"maxRestarts": 5}), st=st, pods=[pods[0], pods[2]],
+               coordinator=view(round_=3, phase="failed", final=final, connected=False))
+    assert apply(st, plan)["restarts"] == 4
+
+
+def test_a_round_recorded_in_place_that_never_started_is_completed_by_a_new_gang_counted_once():
+    st = status("Restarting", restarts=2, gangRestart=0)
+    pods = gang("Running")
+    pods[0] = pod(0, "Failed", exit_code=75, reason="Error")  # the agents gave up: RoundTimeout
+    never = view(round_=2, phase="failed", started=[0, 1], connected=False,
+                 final={"type": "failed", "round": 2, "rank": None, "reason": "RoundTimeout", "exit_code": 75,
+                        "fallback": True})
+    plan = run(s=spec(restartPolicy={"maxRestarts": 2}), st=st, pods=pods, coordinator=never)
+    new = apply(st, plan)
+    assert (new["phase"], new["restarts"]) == ("Restarting", 2), "restart 2 was counted when recorded"
+    assert "gangRestart" not in new and new["masterAddr"] == names.master_addr(JOB, 2)
+    assert set(plan.delete_pods) == {pod_name(i) for i in range(4)}, "every pod of the old gang goes, as before"
+    # Round 2 did start (its processes ran) and failed: that is a new failure, counted.
+    ran = dataclasses.replace(never, started=never.started + ({"type": "started", "round": 2},))
+    plan = run(s=spec(restartPolicy={"maxRestarts": 3}), st=st, pods=pods, coordinator=ran)
+    assert apply(st, plan)["restarts"] == 3
+
+
+def test_last_progress_time_is_written_only_when_it_moved_five_minutes():
+    progress = {"type": "progress", "round": 0, "time": T - 1, "seconds_since_progress": 2.0, "rank": 1, "line": "x"}
+    st = status("Running")
+    plan = run(st=st, pods=gang("Running"), coordinator=view(round_=0, phase="running", progress=progress))
+    assert plan.status["lastProgressTime"] == "2026-01-01T11:59:57Z"
+    recent = status("Running", lastProgressTime="2026-01-01T11:56:00Z")
+    assert "lastProgressTime" not in run(st=recent, pods=gang("Running"),
+                                         coordinator=view(round_=0, phase="running", progress=progress)).status
+    hung = dict(progress, seconds_since_progress=900.0)
+    stale = status("Running", lastProgressTime="2026-01-01T11:45:00Z")
+    assert "lastProgressTime" not in run(st=stale, pods=gang("Running"),
+                                         coordinator=view(round_=0, phase="running", progress=hung)).status, \
+        "a hung rank's last progress does not move: nothing to write"
+
+
+def test_recreate_pods_and_monarch_mode_ignore_any_coordinator():
+    st = status("Running")
+    for s in (spec(restartPolicy={"mode": "RecreatePods"}),):
+        plan = run(s=s, st=st, pods=gang("Running"), coordinator=view(restarts=[restart_event()]))
+        assert plan.status.get("restarts") is None and plan.events == ()
+    pods = gang("Running")
+    pods[1] = pod(1, "Failed", exit_code=3)
+    plan = run(s=spec(restartPolicy={"mode": "RecreatePods"}), st=st, pods=pods, coordinator=view(round_=0, phase="stopping"))
+    assert plan.replace == () and apply(st, plan)["restarts"] == 1
+
+
+def test_a_new_gang_in_place_runs_when_its_pods_run_as_before():
+    """Only a restart recorded in place waits for the coordinator; a fresh gang (the first, or one
+    recreated) is Running once its pods run, as with RecreatePods (and on nodes without agents)."""
+    st = status("Restarting", restarts=1)
+    plan = run(st=st, pods=gang("Running", restart=1))
+    assert apply(st, plan)["phase"] == "Running"
+
+
+def test_the_seconds_of_the_failure_come_from_the_coordinator():
+    st = status("Running")
+    plan = run(st=st, pods=gang("Running"), coordinator=view(restarts=[restart_event()]), now=NOW + dt.timedelta(seconds=30))
+    assert apply(st, plan)["failure"]["time"] == "2026-01-01T11:59:54Z"
