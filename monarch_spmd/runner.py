@@ -491,6 +491,7 @@ class _View:
     pids: set[int] = field(default_factory=set)
     announced: set[int] = field(default_factory=set)  # rounds whose first failure was said
     quiet: bool = False  # the runner is stopping everything itself: the agents' reactions are not news
+    lost: dict[int, int] = field(default_factory=dict)  # member -> the round it was lost in
 
     def drain(self) -> list[dict[str, Any]]:
         out = []
@@ -744,7 +745,7 @@ def _run_gang(plan: _Plan, restart: int, out: gang.Prefixer, note: Any, deadline
         what, code = lost[0]
         for line in _table(view, {"round": view.round}, world):
             note(line)
-        note(f"job failed: {what} (restarts used up: {view.round} of at most {s.max_restarts})")
+        note(f"job failed: {what} (restarts used up: {s.max_restarts} of at most {s.max_restarts})")
         return code
     if final is not None and final["type"] == rendezvous.EV_SUCCEEDED:
         note(f"all {world} ranks succeeded")
@@ -815,6 +816,8 @@ def _follow(view: _View, note: Any, world: int) -> None:
                      f"in place{after}")
         elif kind == rendezvous.EV_ALL_RUNNING and event.get("seconds_since_failure") is not None and not quiet:
             note(f"restart {r}: every rank is running again, {event['seconds_since_failure']:.2f}s after the failure")
+        elif kind == rendezvous.EV_LOST:
+            view.lost[int(event["member"])] = int(r)
         elif kind in (rendezvous.EV_SUCCEEDED, rendezvous.EV_FAILED):
             view.final = event
 
@@ -840,15 +843,18 @@ def _replace_lost(plan: _Plan, group: gang.Gang, view: _View, note: Any, handled
         handled.add(id(proc))
         if proc.returncode is None or proc.returncode >= 0 or proc.stopped:
             continue  # it ended as the coordinator told it: not lost
-        time.sleep(0.2)  # a final event on its way decides first
-        _follow(view, note, s.world_size)
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and index not in view.lost and view.final is None:
+            time.sleep(0.05)  # the coordinator's word on it (and any verdict) decides first
+            _follow(view, note, s.world_size)
         if view.final is not None or group.procs[0].code is not None:
             return []
         what = f"the worker of rank {proc.member.rank} (pid {proc.pid}) {_how(proc.row())}"
-        if view.round >= s.max_restarts:
+        restart = view.lost.get(index, view.round) + 1  # the round its loss makes the others restart into
+        if restart > s.max_restarts:
             note(f"{what}; stopping every rank")
             group.stop()
             return [(what, proc.code or 1)]
         note(f"{what}; starting a new one in its place (the other ranks restart in place and wait for it)")
-        group.respawn(index, _member(plan, index, view.round + 1))
+        group.respawn(index, _member(plan, index, restart))
     return []

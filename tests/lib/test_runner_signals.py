@@ -52,6 +52,14 @@ def start(spawn, tmp_path, *flags: str):
                          "--step-seconds", "0.2", "--grandchild"))
 
 
+def wait_for_steps(folder, ranks: int, proc, timeout: float = 120.0) -> None:
+    """Waits until every rank saved a checkpoint (took a step)."""
+    deadline = time.monotonic() + timeout
+    while not all((folder / f"rank{r}.json").exists() for r in range(ranks)):
+        assert time.monotonic() < deadline, proc.text
+        time.sleep(0.1)
+
+
 def children(text: str) -> set[int]:
     return {int(p) for p in re.findall(r"(?:\bpid|grandchild pid) (\d+)", text)}
 
@@ -60,8 +68,7 @@ def children(text: str) -> set[int]:
 def test_a_signal_reaches_every_rank_as_itself_and_nothing_is_left(spawn, tmp_path, signum):
     proc = start(spawn, tmp_path, "--shutdown-timeout", "10")
     proc.wait_for(r"resume_training rank \d grandchild pid", count=4)
-    proc.wait_for(r"resume_training rank \d pid \d+ restart 0", count=4)
-    time.sleep(1.0)  # a few steps
+    wait_for_steps(tmp_path, 4, proc)  # every rank is in its training loop (past init_process_group)
     pids = children(proc.text)
     assert len(pids) == 2 + 4 + 4, proc.text  # two workers, four ranks, four grandchildren
     proc.proc.send_signal(signum)
@@ -109,10 +116,7 @@ def test_killing_rank_0s_worker_recreates_the_gang_on_the_same_port(spawn, tmp_p
                          "-m", f"{PROGRAMS}.resume_training", "--checkpoint-dir", str(tmp_path), "--steps", "25",
                          "--step-seconds", "0.2"))
     proc.wait_for(r"resume_training rank \d pid \d+ restart 0", count=2)
-    deadline = time.monotonic() + 60
-    while not all((tmp_path / f"rank{r}.json").exists() for r in range(2)):  # a step done: a checkpoint
-        assert time.monotonic() < deadline, proc.text
-        time.sleep(0.1)
+    wait_for_steps(tmp_path, 2, proc)  # a step done: a checkpoint to resume from
     worker = int(re.search(r"\[rank 0\] monarch-spmd worker: rank 0/2 .* pid (\d+)", proc.text).group(1))
     rank0 = int(re.search(r"resume_training rank 0 pid (\d+) restart 0", proc.text).group(1))
     os.kill(worker, signal.SIGKILL)
@@ -126,3 +130,17 @@ def test_killing_rank_0s_worker_recreates_the_gang_on_the_same_port(spawn, tmp_p
         assert re.search(rf"resume_training rank {rank} pid \d+ restart 1 from step [1-9]", out), out
         assert f"resume_training rank {rank} done at step 25 (restart 1, all_reduce sum ok)" in out
     assert ps_pids({worker, rank0}) == []
+
+
+def test_a_killed_worker_is_not_replaced_when_no_restart_is_left(spawn, tmp_path):
+    proc = spawn(cli_cmd("run", "--mesh", "hosts=2", "--grace-period", "3", "--", "-m", f"{PROGRAMS}.resume_training",
+                         "--checkpoint-dir", str(tmp_path), "--steps", "100000", "--step-seconds", "0.2"))
+    wait_for_steps(tmp_path, 2, proc)
+    worker = int(re.search(r"\[rank 1\] monarch-spmd worker: rank 1/2 .* pid (\d+)", proc.text).group(1))
+    os.kill(worker, signal.SIGKILL)
+    assert proc.finish(120) == 137, proc.text
+    last = proc.text.strip().splitlines()[-1]
+    assert last == (f"[monarch-spmd] job failed: the worker of rank 1 (pid {worker}) was killed by SIGKILL (exit code 137) "
+                    "(restarts used up: 0 of at most 0)"), proc.text
+    assert "starting a new one" not in proc.text
+    assert nothing_left(str(tmp_path), children(proc.text)) == []

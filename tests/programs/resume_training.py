@@ -25,6 +25,14 @@ import sys
 import time
 
 
+def save(path: str, step: int) -> None:
+    """Writes the checkpoint as careful scripts do: a temporary file, then an atomic rename, so a
+    rank stopped mid-write leaves the previous checkpoint, never a truncated one."""
+    with open(path + ".tmp", "w") as f:
+        json.dump({"step": step}, f)
+    os.replace(path + ".tmp", path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--checkpoint-dir", required=True)
@@ -67,8 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"resume_training rank {rank}: all_reduce gave {total.item()}", flush=True)
                 return 1
             step += 1
-            with open(path, "w") as f:
-                json.dump({"step": step}, f)
+            save(path, step)
             if opts.progress_bar:
                 sys.stderr.write(f"\rstep {step}/{opts.steps}")
                 sys.stderr.flush()
@@ -81,8 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"resume_training rank {rank}: KeyboardInterrupt at step {step}", flush=True)
         return 130
     finally:
-        with open(path, "w") as f:
-            json.dump({"step": step}, f)
+        save(path, step)
         print(f"resume_training rank {rank}: checkpoint saved at step {step}", flush=True)
 
 
