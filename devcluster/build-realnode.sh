@@ -70,7 +70,15 @@ if [ ! -x "$BIN/coredns" ]; then
   began=$(date +%s)
   mkdir -p "$WORK/coredns" && cd "$WORK/coredns"
   modfile="$(go mod download -json "github.com/coredns/coredns@$COREDNS_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')"
-  { echo "module monarchspmd.local/corednsbuild"; grep -E '^go [0-9]' "$modfile"; } > go.mod
+  # A require line, not `go get github.com/coredns/coredns@...`: go get loads the module's root
+  # package, which imports every plugin, and so downloads the cloud SDKs (Azure, AWS, Google,
+  # Datadog: hundreds of MB) that the plugins below never import. `go mod tidy` fetches only
+  # the modules of the packages main.go imports.
+  {
+    echo "module monarchspmd.local/corednsbuild"
+    grep -E '^go [0-9]' "$modfile"
+    echo "require github.com/coredns/coredns $COREDNS_VERSION"
+  } > go.mod
   # Only the plugins the cluster's Corefile uses (devcluster/realnode.py), not the cloud ones.
   cat > main.go <<'GO'
 package main
@@ -88,7 +96,6 @@ import (
 
 func main() { coremain.Run() }
 GO
-  go get "github.com/coredns/coredns@$COREDNS_VERSION" >&2
   go mod tidy >&2
   go build -p 2 -trimpath -ldflags "-s -w" -o "$BIN/coredns" . >&2
   log "coredns built in $(( $(date +%s) - began ))s"
