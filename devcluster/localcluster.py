@@ -157,8 +157,18 @@ class LocalCluster:
     def install_crds(self) -> None:
         """Apply the project's CRDs (crds/) and wait until the API server serves them."""
         self.kubectl("apply", "--server-side", "-f", str(REPO_ROOT / "crds"))
-        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f",
-                     str(REPO_ROOT / "crds"))
+        deadline = time.monotonic() + 60
+        while True:
+            # A CRD just created has no status.conditions for a moment, and kubectl wait gives up
+            # on it at once ("accessor error") instead of waiting: ask again until it has them.
+            result = self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f",
+                                  str(REPO_ROOT / "crds"), check=False)
+            if result.returncode == 0:
+                return
+            if "accessor error" not in result.stderr or time.monotonic() > deadline:
+                raise AssertionError(f"kubectl wait for the CRDs failed ({result.returncode}):\n"
+                                     f"{result.stdout}{result.stderr}")
+            time.sleep(0.2)
 
     def start_operator(self, *args: str, install_crds: bool = True) -> subprocess.Popen:
         """Run `python -m spmd_operator --all-namespaces *args`, logging to operator.log.
