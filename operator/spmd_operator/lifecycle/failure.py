@@ -169,20 +169,24 @@ def handle(p: Pass) -> bool:
         return False
     if p.in_place and inplace.replace_lost(p, found):
         return True
-    root = inplace.verdict(p) or found[0]
+    verdict = inplace.verdict(p)
+    root = verdict or found[0]
     p.new["failure"] = root.as_status(p.restart, p.now)
     p.pods_lost = root.lost
     cause = root.describe()
     disruptions = int(p.o.status.get("disruptions") or 0)
     counted = p.restart - disruptions
+    # After the coordinator's verdict every agent ends its pod with it: the pods are left to end
+    # (their logs kept), not deleted (lifecycle.finished stops any left after a grace).
+    stop = verdict is None
     if root.permanent:
-        p.fail("PermanentFailure", f"{cause}; permanent, no restart")
+        p.fail("PermanentFailure", f"{cause}; permanent, no restart", stop=stop)
         p.counts(p.current())
     elif inplace.unstarted_round(p):
         # Restart p.restart was recorded (and counted) in place, but its gang never came together.
         gang.replace(p, p.restart, f"{cause}; restart {p.restart} could not come together in place")
     elif not root.disruption and counted >= p.spec.max_restarts:
-        p.fail("RestartLimitExceeded", f"{cause}; restart limit {p.spec.max_restarts} reached")
+        p.fail("RestartLimitExceeded", f"{cause}; restart limit {p.spec.max_restarts} reached", stop=stop)
         p.counts(p.current())
     else:
         if root.disruption:

@@ -134,10 +134,10 @@ def _lost_pod(p: Pass, member: int) -> PodInfo | None:
 def _loss_reason(pod: PodInfo) -> str:
     if pod.disrupted and pod.reason:
         return pod.reason
-    if pod.finished:
-        return pod.reason or ("Error" if pod.exit_code else FAILED)
     if pod.deleting:
         return REASON_POD_DELETED
+    if pod.finished:
+        return pod.reason or ("Error" if pod.exit_code else FAILED)
     return pod.reason or REASON_POD_MISSING
 
 
@@ -162,8 +162,9 @@ def _failure(p: Pass, event: Mapping[str, Any]) -> Failure:
         lost = _lost_pod(p, member)
         if lost is not None:
             reason = _loss_reason(lost)
-            message = policy.failure_text(p.spec, lost.message) or (
-                None if lost.finished else "the pod was deleted (evicted, drained or deleted by hand) before it finished")
+            message = policy.failure_text(p.spec, lost.message) if lost.finished or lost.disrupted else None
+            if reason == REASON_POD_DELETED and not message:
+                message = "the pod was deleted (evicted, drained or deleted by hand) before it finished"
             disruption = lost.disrupted or policy.is_disruption(reason)
             return Failure(rank, lost.name, lost.node or event.get("node") or None, lost.exit_code, reason,
                            message or event.get("message"), policy.is_permanent(p.spec, lost.exit_code, reason),

@@ -263,8 +263,9 @@ class Pass:
         self.new["succeeded"] = per * sum(1 for p in current.values() if p.phase == "Succeeded")
         self.new["failed"] = per * sum(1 for p in current.values() if p.phase == FAILED)
 
-    def fail(self, reason: str, message: str, *, failure: dict[str, Any] | None = None) -> None:
-        """The job fails: phase Failed, condition, Event, and every unfinished pod stopped."""
+    def fail(self, reason: str, message: str, *, failure: dict[str, Any] | None = None, stop: bool = True) -> None:
+        """The job fails: phase Failed, condition, Event, and every unfinished pod stopped (not
+        with ``stop`` False: the pods are ending by themselves, their logs kept)."""
         if failure is not None:
             self.new["failure"] = failure
         self.new["phase"] = FAILED
@@ -273,7 +274,8 @@ class Pass:
         self.clear(RUNNING, reason, "the job failed")
         self.clear(RESTARTING, reason, "the job failed")
         self.event(EVENT_WARNING, reason, message)
-        self.stop(self.o.pods)
+        if stop:
+            self.stop(self.o.pods)
 
     def failure_record(self, reason: str, message: str) -> dict[str, Any]:
         """A ``status.failure`` for a job-level failure (no rank): invalid spec, deadline."""

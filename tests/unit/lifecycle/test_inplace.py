@@ -306,3 +306,22 @@ def test_the_seconds_of_the_failure_come_from_the_coordinator():
     st = status("Running")
     plan = run(st=st, pods=gang("Running"), coordinator=view(restarts=[restart_event()]), now=NOW + dt.timedelta(seconds=30))
     assert apply(st, plan)["failure"]["time"] == "2026-01-01T11:59:54Z"
+
+
+def test_after_the_verdict_the_pods_end_by_themselves_and_keep_their_logs():
+    st = status("Running", restarts=1, gangRestart=0)
+    final = {"type": "failed", "round": 1, "rank": 1, "member": 1, "exit_code": 7, "rank_exit_code": 7, "reason": "Error",
+             "message": "rank 1 exited with code 7", "tail": [], "permanent": False, "exhausted": True,
+             "fallback": False}
+    pods = gang("Running")
+    pods[0] = pod(0, "Failed", exit_code=7, reason="Error")  # the first to end; rank 1's pod is still ending
+    plan = run(s=spec(restartPolicy={"maxRestarts": 1}), st=st, pods=pods,
+               coordinator=view(round_=1, phase="failed", final=final, connected=False))
+    new = apply(st, plan)
+    assert new["phase"] == "Failed" and new["failure"]["pod"] == pod_name(1)
+    assert plan.delete_pods == (), "rank 1's pod, the root cause, ends by itself with its log"
+    # Finished: a pod still running after the stop grace (the template's, 30 s) and 15 s is stopped.
+    soon = run(s=spec(), st=new, pods=pods, now=NOW + dt.timedelta(seconds=10))
+    assert soon.delete_pods == () and 34 <= soon.requeue_after <= 36
+    late = run(s=spec(), st=new, pods=pods, now=NOW + dt.timedelta(seconds=46))
+    assert set(late.delete_pods) == {pod_name(i) for i in (1, 2, 3)}

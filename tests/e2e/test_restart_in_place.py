@@ -1,0 +1,223 @@
+"""End-to-end: restart in place (restartPolicy.mode InPlace, the default) on the process node, with
+real processes, real gloo all_reduces and the real operator watching each gang's coordinator.
+
+What a user sees is asserted: the job's status, its Events, its pods (the same uids across a
+restart in place, a new one only in place of a pod that was lost), and what each rank printed
+(TORCHELASTIC_RESTART_COUNT, its pid, the all_reduce after the restart). The training script,
+tests/programs/train_steps.py, is written as torchrun users write one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from spmd_operator import names
+from tests.e2e.conftest import (apply, get_job, job_events, job_manifest, job_pods, job_ref, operator_args,
+                                pod_names, wait_job, wait_phase, wait_until)
+
+pytestmark = pytest.mark.cluster
+PROGRAM = ["-m", "tests.programs.train_steps"]
+
+
+def manifest(name: str, procs: int, *args: str, env: dict[str, str] | None = None, **restart_policy):
+    m = job_manifest(name, [("procs", procs)], [*PROGRAM, *args], restartPolicy=restart_policy)
+    trainer = m["spec"]["template"]["spec"]["containers"][0]
+    trainer["env"].extend({"name": k, "value": v} for k, v in (env or {}).items())
+    m["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 5
+    return m
+
+
+def uids(c, namespace: str, name: str) -> dict[str, str]:
+    return {p.metadata.name: p.metadata.uid for p in job_pods(c, namespace, name)}
+
+
+def reasons(c, namespace: str, name: str) -> list[str]:
+    return [e.reason for e in job_events(c, namespace, name)]
+
+
+def started(log: str) -> dict[int, int]:
+    """restart -> pid of the process that printed its first line in that restart."""
+    return {int(r): int(pid) for pid, r in re.findall(r"train_steps rank \d+ pid (\d+) restart (\d+)", log)}
+
+
+def test_a_failed_rank_restarts_the_gang_in_place_same_pods_new_processes_and_gloo_works(running_operator, namespace):
+    c = running_operator
+    apply(c, namespace, manifest("inplace", 3, "--steps", "8", "--fail", "0:3", "--fail-rank", "1", "--code", "3",
+                                 maxRestarts=2))
+    running = wait_phase(c, namespace, "inplace", "Running", timeout=180)
+    before = uids(c, namespace, "inplace")
+    assert sorted(before) == pod_names(running, 0, 3)
+    job = wait_phase(c, namespace, "inplace", "Succeeded", timeout=180)
+    status = job["status"]
+    assert status["restarts"] == 1 and status.get("gangRestart") == 0, status
+    failure = status["failure"]
+    assert (failure["rank"], failure["exitCode"], failure["reason"], failure["restart"]) == (1, 3, "Error", 0), failure
+    assert failure["pod"] == pod_names(job, 0, 3)[1] and failure["inPlace"] is True
+    assert "failing with code 3 at step 3" in failure["message"], "the rank's last lines"
+    assert uids(c, namespace, "inplace") == before, "the same pods (uids) from start to end"
+    assert status["masterAddr"] == names.master_addr(job_ref(job), 0)
+    for pod in before:
+        log = c.pod_log(namespace, pod)
+        pids = started(log)
+        assert set(pids) == {0, 1} and pids[0] != pids[1], (pod, log[-2000:])  # new processes, restart count seen
+        rank = int(re.search(r"train_steps rank (\d+)", log).group(1))
+        assert f"train_steps rank {rank} done restart 1 sum 108" in log, log[-2000:]  # 8 steps of gloo in restart 1
+    events = reasons(c, namespace, "inplace")
+    assert events.count("Restarting") == 1 and events.count("Running") == 2 and "Succeeded" in events, events
+    restarting = next(e for e in job_events(c, namespace, "inplace") if e.reason == "Restarting")
+    assert "rank 1" in restarting.message and "restart 1 of at most 2" in restarting.message, restarting.message
+
+
+def test_a_permanent_exit_code_fails_in_place_without_a_restart(running_operator, namespace):
+    c = running_operator
+    apply(c, namespace, manifest("fatal", 2, "--steps", "30", "--fail", "0:1", "--fail-rank", "1", "--code", "42",
+                                 maxRestarts=3, permanentExitCodes=[42]))
+    job = wait_phase(c, namespace, "fatal", "Failed", timeout=180)
+    status = job["status"]
+    assert status["restarts"] == 0 and status["failure"]["exitCode"] == 42 and status["failure"]["rank"] == 1
+    assert status["failure"]["permanent"] is True
+    assert next(c for c in status["conditions"] if c["type"] == "Failed")["reason"] == "PermanentFailure"
+    assert "Restarting" not in reasons(c, namespace, "fatal")
+    wait_until(lambda: all(p.status.phase == "Failed" for p in job_pods(c, namespace, "fatal")), 60,
+               "every pod ended by its agent")
+    assert sorted(uids(c, namespace, "fatal")) == pod_names(job, 0, 2), "ended, not deleted: their logs stay"
+
+
+def test_max_restarts_used_up_in_place_fails_the_job_with_its_root_cause(running_operator, namespace):
+    c = running_operator
+    apply(c, namespace, manifest("doomed", 2, "--steps", "30", "--fail", "0:1,1:1", "--fail-rank", "1", "--code", "7",
+                                 maxRestarts=1, backoffSeconds=0))
+    job = wait_phase(c, namespace, "doomed", "Failed", timeout=180)
+    status = job["status"]
+    assert status["restarts"] == 1, status
+    assert next(c for c in status["conditions"] if c["type"] == "Failed")["reason"] == "RestartLimitExceeded"
+    failure = status["failure"]
+    assert (failure["rank"], failure["exitCode"], failure["restart"]) == (1, 7, 1), failure
+    assert failure["pod"] == pod_names(job, 0, 2)[1]
+    assert "failing with code 7 at step 1 (restart 1)" in failure["message"], failure
+    assert reasons(c, namespace, "doomed").count("Restarting") == 1
+    assert sorted(uids(c, namespace, "doomed")) == pod_names(job, 0, 2), "no pod was recreated, none deleted"
+    assert "failing with code 7 at step 1 (restart 1)" in c.pod_log(namespace, failure["pod"])
+
+
+def test_a_lost_pod_other_than_rank_zeros_is_replaced_alone(running_operator, namespace):
+    c = running_operator
+    apply(c, namespace, manifest("victim", 3, "--steps", "40", "--step-seconds", "0.25", maxRestarts=2))
+    job = wait_phase(c, namespace, "victim", "Running", timeout=180)
+    before = uids(c, namespace, "victim")
+    lost = names.pod_name(job_ref(job), 0, 2)
+    wait_until(lambda: "step 2 restart 0" in c.pod_log(namespace, lost), 60, "the gang training")
+    c.kubectl("delete", "pod", lost, "-n", namespace, "--wait=false")
+    replacement = names.pod_name(job_ref(job), 0, 2, 1)
+    job = wait_job(c, namespace, "victim", lambda j: j["status"].get("restarts") == 1 and j["status"]["phase"] == "Running",
+                   timeout=120, what="restart 1 in place, Running again")
+    now = uids(c, namespace, "victim")
+    kept = {n: u for n, u in before.items() if n != lost}
+    assert {n: now[n] for n in kept} == kept, "the other pods keep their uids"
+    assert replacement in now, now
+    failure = job["status"]["failure"]
+    assert (failure["pod"], failure["reason"], failure["rank"], failure["disruption"]) == (lost, "PodDeleted", 2, False)
+    job = wait_phase(c, namespace, "victim", "Succeeded", timeout=180)
+    log = c.pod_log(namespace, replacement)
+    assert "restart 1" in log and "train_steps rank 2 done restart 1" in log, log[-2000:]
+    zero = names.pod_name(job_ref(job), 0, 0)
+    assert set(started(c.pod_log(namespace, zero))) == {0, 1}, "rank 0 restarted in place and met the new pod"
+    assert sorted(n for n in uids(c, namespace, "victim")) == sorted([*kept, replacement]), "the lost pod is gone"
+
+
+def test_the_watchdog_kills_a_hung_rank_and_the_gang_restarts_in_place(running_operator, namespace):
+    c = running_operator
+    apply(c, namespace, manifest("watched", 2, "--steps", "6", "--fail", "0:2", "--hang-rank", "1", "--hang", "watchdog",
+                                 "--timeout", "3", env={"TORCHELASTIC_ENABLE_FILE_TIMER": "1"}, maxRestarts=1))
+    job = wait_phase(c, namespace, "watched", "Succeeded", timeout=180)
+    failure = job["status"]["failure"]
+    assert (failure["rank"], failure["reason"], job["status"]["restarts"]) == (1, "WatchdogTimeout", 1), failure
+    assert "watchdog timer 'step2' of rank 1" in failure["message"], failure
+    restarting = next(e for e in job_events(c, namespace, "watched") if e.reason == "Restarting")
+    assert "WatchdogTimeout" in restarting.message and "rank 1" in restarting.message
+
+
+def test_the_progress_timeout_restarts_a_silent_rank_naming_its_last_line(running_operator, namespace):
+    c = running_operator
+    # A timeout longer than importing torch and joining the gloo group take on a loaded machine.
+    apply(c, namespace, manifest("silent", 2, "--steps", "8", "--step-seconds", "0.5", "--fail", "0:2",
+                                 "--hang-rank", "1", "--hang", "stop", maxRestarts=1, progressTimeoutSeconds=12))
+    job = wait_phase(c, namespace, "silent", "Succeeded", timeout=180)
+    failure = job["status"]["failure"]
+    assert (failure["rank"], failure["reason"], job["status"]["restarts"]) == (1, "NoProgress", 1), failure
+    assert "wrote nothing for 12s" in failure["message"] and "last line: train_steps rank 1: hanging at step 2" in \
+        failure["message"], failure
+    assert job["status"].get("lastProgressTime"), "the job's last progress, from the agents' reports"
+
+
+def test_a_restart_during_a_restart(running_operator, namespace):
+    """Rank 1 fails in restart 0 (restart 1 starts at once) and again as restart 1 starts (restart
+    2 waits a back-off of 6 s); during that back-off a pod is deleted: it is replaced alone, joins
+    restart 2, and the loss costs no restart of its own."""
+    c = running_operator
+    apply(c, namespace, manifest("twice", 3, "--steps", "8", "--fail", "0:2,1:0", "--fail-rank", "1",
+                                 maxRestarts=3, backoffSeconds=6))
+    job = wait_phase(c, namespace, "twice", "Running", timeout=180)
+    before = uids(c, namespace, "twice")
+    backing_off = wait_job(c, namespace, "twice", lambda j: j["status"].get("restarts") == 2, timeout=120,
+                           what="restart 2 recorded")
+    assert backing_off["status"]["phase"] == "Restarting" and backing_off["status"]["failure"]["backoffSeconds"] == 6
+    assert "back-off of 6s" in next(x for x in backing_off["status"]["conditions"] if x["type"] == "Restarting")["message"]
+    lost = names.pod_name(job_ref(job), 0, 2)
+    c.kubectl("delete", "pod", lost, "-n", namespace, "--wait=false")
+    job = wait_phase(c, namespace, "twice", "Succeeded", timeout=180)
+    assert job["status"]["restarts"] == 2, job["status"]
+    now = uids(c, namespace, "twice")
+    assert names.pod_name(job_ref(job), 0, 2, 1) in now
+    assert {n: now[n] for n in before if n != lost} == {n: u for n, u in before.items() if n != lost}
+    assert reasons(c, namespace, "twice").count("Restarting") == 2
+
+
+def test_an_operator_restart_in_the_middle_of_restarts_in_place_counts_each_once(running_operator, namespace):
+    """The operator is killed while the gang runs, the gang restarts twice without it (the second
+    with a back-off), it comes back (the coordinator's history tells it), is killed again right
+    after recording them and comes back again: the job ends right, each restart counted once."""
+    c = running_operator
+    apply(c, namespace, manifest("through", 2, "--steps", "8", "--fail", "0:4,1:0", "--fail-rank", "1",
+                                 maxRestarts=2, backoffSeconds=8))
+    job = wait_phase(c, namespace, "through", "Running", timeout=180)
+    before = uids(c, namespace, "through")
+
+    def kill() -> None:
+        os.killpg(c.operator_process.pid, signal.SIGKILL)
+        c.operator_process.wait(timeout=30)
+        c.operator_process = None
+
+    kill()
+    zero = names.pod_name(job_ref(job), 0, 0)
+    wait_until(lambda: "restart 1" in c.pod_log(namespace, zero), 60, "restart 1, in place, with no operator")
+    c.start_operator(*operator_args())
+    recorded = wait_job(c, namespace, "through", lambda j: j["status"].get("restarts") == 2, timeout=60,
+                        what="both restarts recorded from the coordinator's history")
+    assert recorded["status"]["phase"] == "Restarting"
+    kill()
+    time.sleep(1)
+    c.start_operator(*operator_args())
+    job = wait_phase(c, namespace, "through", "Succeeded", timeout=180)
+    assert job["status"]["restarts"] == 2
+    assert reasons(c, namespace, "through").count("Restarting") == 2, reasons(c, namespace, "through")
+    assert uids(c, namespace, "through") == before
+
+
+def test_recreate_pods_still_recreates_the_gang(running_operator, namespace):
+    c = running_operator
+    apply(c, namespace, manifest("recreated", 2, "--steps", "4", "--fail", "0:1", "--fail-rank", "1",
+                                 mode="RecreatePods", maxRestarts=1))
+    job = wait_phase(c, namespace, "recreated", "Succeeded", timeout=180)
+    assert job["status"]["restarts"] == 1
+    pods = job_pods(c, namespace, "recreated")
+    assert sorted(p.metadata.name for p in pods if p.metadata.labels["spmd.monarch.dev/restart"] == "1") == \
+        pod_names(job, 1, 2)
+    env = {e.name for e in pods[0].spec.containers[0].env}
+    assert "MONARCH_SPMD_AGENT_PORT" not in env
+    assert "inPlace" not in job["status"]["failure"]
