@@ -21,11 +21,20 @@
 # Usage: bash scripts/build-images.sh [NAME...]   (default: all). Prints NAME REF TAR per image,
 # tab-separated, on stdout; progress goes to stderr.
 #
+# The worker image's torch and its wheels (about 3 GB) are not downloaded again inside the build:
+# they are in the wheel folder that scripts/pip-install.sh fills (~/.cache/monarch-spmd/wheels;
+# what it lacks is fetched there by this machine's pip), and a local HTTP server serves that
+# folder to the build as its package index (http://127.0.0.1:$WHEEL_PORT/simple/), so the image
+# gets the same files TORCH_INDEX_URL has. Only where this machine's Python (PYTHON, default
+# python3) is not the image's 3.11 does the build download them itself.
+#
 # Environment:
 #   TORCH_INDEX_URL  the worker image's torch index. Default https://pypi.org/simple: the
 #                    Dockerfile's own default, the CPU-only index download.pytorch.org/whl/cpu, is
 #                    unreachable on the machines this runs on, so PyPI's torch (the CUDA build,
 #                    about 5 GB with its nvidia-* wheels) goes in; it runs on CPU all the same.
+#   WHEEL_PORT       the local index's port (default 47391; Docker's layer cache keys the torch
+#                    layer by this URL, so a fixed port keeps that layer across builds).
 #   DEBIAN_MIRROR    default http://deb.debian.org/debian
 #   MONARCH_SPMD_CACHE  default ~/.cache/monarch-spmd
 set -euo pipefail
@@ -34,11 +43,13 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${MONARCH_SPMD_CACHE:-$HOME/.cache/monarch-spmd}"
 OUT="$CACHE/images"
 TORCH_INDEX_URL="${TORCH_INDEX_URL:-https://pypi.org/simple}"
+WHEEL_PORT="${WHEEL_PORT:-47391}"
+HOST_PYTHON="${PYTHON:-python3}"
 DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 CA_BUNDLE="${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/pyproject.toml")"
 RECIPE=1  # bump to rebuild every image on every machine
-ALL=(debian python operator worker-cpu debian-torch pause)
+ALL=(debian python operator debian-torch pause worker-cpu)  # the worker last: it may wait for the wheels
 WANT=("${@:-${ALL[@]}}")
 
 log() { echo "build-images: $*" >&2; }
@@ -95,11 +106,14 @@ mkdir -p "$OUT" "$CACHE/docker"
 exec 9>"$CACHE/images.lock"
 flock 9
 print_if_cached  # another build may have made them while this one waited
-RUNDIR=/run/monarch-spmd-docker
+# The daemon's sockets and state, one folder per cache: builds into two caches never share a daemon.
+RUNDIR="/run/monarch-spmd-docker-$(printf '%s' "$CACHE" | hash_text | cut -c1-8)"
 export DOCKER_HOST="unix://$RUNDIR/docker.sock"
 WORK="$(mktemp -d "$CACHE/images-build.XXXXXX")"
 DOCKERD_PID=
+WHEELS_PID=
 cleanup() {
+  if [ -n "$WHEELS_PID" ]; then kill "$WHEELS_PID" 2>/dev/null || true; wait "$WHEELS_PID" 2>/dev/null || true; fi
   if [ -n "$DOCKERD_PID" ]; then
     kill "$DOCKERD_PID" 2>/dev/null || true
     wait "$DOCKERD_PID" 2>/dev/null || true
@@ -192,9 +206,59 @@ project_context() {  # only the files the Dockerfiles copy, nothing ignored
 build_operator() {
   docker_build operator "$ROOT/images/operator.Dockerfile" "$(project_context)" --build-arg "BASE_IMAGE=${REF[python]}"
 }
+# The wheel folder scripts/pip-install.sh keeps ($CACHE/wheels), with TORCH_PIN and its
+# dependencies added where missing (fetched from TORCH_INDEX_URL by this machine's pip), laid out
+# also as a PEP 503 index (simple/<project>/<wheel>, hard links). Prints the folder; fails where
+# this machine's Python is not the image's (3.11 on Linux x86_64), whose wheels could differ.
+torch_wheelhouse() {
+  local pin="$1" dir="$CACHE/wheels" file project
+  "$HOST_PYTHON" -c 'import platform, sys; sys.exit(sys.version_info[:2] != (3, 11) or platform.machine() != "x86_64")' \
+    2>/dev/null || return 1
+  mkdir -p "$dir"
+  exec 7>"$CACHE/wheels.lock"  # this function runs in a subshell: the lock ends with it
+  flock 7
+  if ! "$HOST_PYTHON" -m pip wheel -q --disable-pip-version-check --no-index --find-links "$dir" -w "$dir" "$pin" >/dev/null 2>&1; then
+    log "fetching $pin and its wheels into $dir"
+    "$HOST_PYTHON" -m pip wheel -q --disable-pip-version-check --index-url "$TORCH_INDEX_URL" \
+      --find-links "$dir" -w "$dir" "$pin" >&2 || return 1
+  fi
+  rm -rf "$dir/simple"
+  for file in "$dir"/*.whl; do
+    project="$(basename "$file" | cut -d- -f1 | sed 's/[_.]/-/g' | tr 'A-Z' 'a-z')"
+    mkdir -p "$dir/simple/$project"
+    ln "$file" "$dir/simple/$project/"
+  done
+  echo "$dir"
+}
+INDEX=
+serve_wheels() {  # DIR: serves it until this script exits; INDEX becomes its URL
+  local dir="$1" port="$WHEEL_PORT"
+  if ! "$HOST_PYTHON" -c 'import socket, sys; s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1])))' "$port" 2>/dev/null; then
+    port="$("$HOST_PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+    log "port $WHEEL_PORT is taken; serving the wheels on $port (Docker rebuilds the torch layer)"
+  fi
+  "$HOST_PYTHON" -m http.server "$port" --bind 127.0.0.1 --directory "$dir" >"$WORK/wheels.log" 2>&1 &
+  WHEELS_PID=$!
+  for _ in $(seq 100); do
+    "$HOST_PYTHON" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
+      "http://127.0.0.1:$port/simple/torch/" 2>/dev/null && { INDEX="http://127.0.0.1:$port/simple/"; return 0; }
+    kill -0 "$WHEELS_PID" 2>/dev/null || break
+    sleep 0.2
+  done
+  log "the local wheel index did not come up; see $WORK/wheels.log"
+  return 1
+}
 build_worker-cpu() {
+  local pin wheels
+  pin="$(sed -n 's/^RUN pip install \(torch==[^ ]*\) .*/\1/p' "$ROOT/images/worker-cpu.Dockerfile" | head -n 1)"
+  if [ -n "$pin" ] && wheels="$(torch_wheelhouse "$pin")" && serve_wheels "$wheels"; then
+    log "the worker image takes $pin from $wheels"
+  else
+    INDEX="$TORCH_INDEX_URL"
+    log "the worker image downloads torch from $TORCH_INDEX_URL itself"
+  fi
   docker_build worker-cpu "$ROOT/images/worker-cpu.Dockerfile" "$(project_context)" \
-    --build-arg "BASE_IMAGE=${REF[python]}" --build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL"
+    --build-arg "BASE_IMAGE=${REF[python]}" --build-arg "TORCH_INDEX_URL=$INDEX"
 }
 build_pause() {
   mkdir -p "$WORK/pause"
