@@ -162,8 +162,12 @@ def test_an_interrupted_run_stops_its_builds(tree: Path):
     env = dict(os.environ, STUB_DIR=str(stubs), PYTHON=str(stubs / "bin" / "python"),
                PATH=f"{stubs / 'bin'}:{os.environ['PATH']}", STUB_SLEEP_K8S="300",
                STUB_SLEEP_IMAGES="300")
+    # SIGINT as a terminal's Ctrl-C delivers it: not ignored, even where this test runs in the
+    # background of a shell (which starts its background jobs with SIGINT ignored, and a shell
+    # cannot trap a signal ignored when it started).
     proc = subprocess.Popen(["bash", str(tree / "scripts" / "test.sh")], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         for name in ("k8s", "images"):
             pid_file = stubs / f"{name}.pid"
