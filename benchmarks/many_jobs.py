@@ -5,6 +5,11 @@
         [--actors floor spmdjob pytorchjob jobset] [--idle 600] [--mixed-idle S]
         [--fairness-large 4096] [--fairness-small 4] [--fairness-delay 1]
         [--kubeconfig PATH] [--state-dir DIR] [--scale-json PATH] [--json PATH]
+        [--operator-tree DIR] [--profile DIR]
+
+Where it sits: the command; it starts the cluster and the controllers (``benchmarks.cluster``),
+drives the trials, sees them through ``benchmarks.many_jobs_watch`` and prints through
+``benchmarks.many_jobs_report``; the floor's client is ``benchmarks.many_jobs_floor``.
 
 Scenarios, each actor in a fresh namespace with a freshly started controller, one after another:
 
@@ -49,7 +54,10 @@ or the floor's first pod, is submitted):
 The controller's memory and CPU are sampled every ``--sample-seconds`` (10) through the whole
 trial, with its request count (``samples`` in the JSON, for plots). Targets (issue 23) are
 printed met/missed; the one-large-job target (pods created <= 1.2x the floor at 4,096) is read
-from an ``operator_scale`` JSON given with ``--scale-json``. JSON goes to
+from an ``operator_scale`` JSON given with ``--scale-json``. ``--operator-tree`` runs the SPMDJob
+operator from another checkout (a ``git worktree`` of an older commit: before and after a change);
+``--profile`` samples it with py-spy through each start-up and idle window
+(``python -m benchmarks.profile_summary DIR/*.txt`` aggregates the stacks). JSON goes to
 ``benchmarks/out/many_jobs.json``; ``python -m benchmarks.report`` prints the tables again.
 """
 
@@ -60,10 +68,12 @@ import concurrent.futures as cf
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import time
 import traceback
+import urllib.request
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -75,6 +85,7 @@ from benchmarks.many_jobs_watch import (ListWatch, Meter, Tracker, apiserver_del
                                         phase_requests, sum_usage)
 from benchmarks.operator_scale import BODIES, CUSTOM, JOBSET_REPLICATED_JOB
 from benchmarks.operator_scale import controller_for as _controller_for
+from benchmarks.operator_scale import stop_profiler
 
 ACTORS = ("floor", "spmdjob", "pytorchjob", "jobset")
 SCENARIOS = ("many", "mixed", "fairness")
@@ -246,6 +257,44 @@ def children_left(admin: kube.Kube, namespace: str) -> dict[str, bool]:
     return out
 
 
+#: The operator's own gauges recorded (never counted as requests): what it holds in memory.
+HELD_GAUGES = ("spmdjob_jobs", "spmdjob_cache_entries")
+
+
+def operator_holds(ctl) -> dict[str, float]:
+    """The SPMDJob operator's gauges of what it holds (jobs by phase, informer entries), from its
+    /metrics; {} for another controller or an operator without them."""
+    port = getattr(ctl, "metrics_port", None)
+    if not port:
+        return {}
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(HELD_GAUGES):
+            key, _, value = line.rpartition(" ")
+            if float(value):
+                out[key] = float(value)
+    return out
+
+
+def start_profile(pid: int, out: Path):
+    """py-spy sampling a process (non-blocking: it is never paused), raw stacks to ``out``; for
+    ``benchmarks.operator_scale.stop_profiler``."""
+    pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(pyspy).exists():
+        raise RuntimeError("--profile needs py-spy (pip install py-spy)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([pyspy, "record", "--pid", str(pid), "--format", "raw", "--rate", "100",
+                             "--nonblocking", "--output", str(out)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(1.0)  # attached before what it should see begins
+    return proc, out
+
+
 def percentile(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
@@ -330,8 +379,11 @@ class Trial:
 
 
 def load_trial(cluster: Cluster, actor: str, scenario: str, plan: list[tuple[str, int]], *, idle: float,
-               settle: float, after_delete: float, timeout: float, sample_seconds: float, log_dir: Path) -> dict:
-    """One actor under one load: start-up, settle, idle, deletion (see the module docstring)."""
+               settle: float, after_delete: float, timeout: float, sample_seconds: float, log_dir: Path,
+               profile_dir: Path | None = None) -> dict:
+    """One actor under one load: start-up, settle, idle, deletion (see the module docstring).
+    With ``profile_dir``, the SPMDJob operator is sampled by py-spy through the start-up and
+    through the idle window (one raw-stacks file each)."""
     sizes = dict(plan)
     total = sum(sizes.values())
     jobs = len(plan)
@@ -345,6 +397,9 @@ def load_trial(cluster: Cluster, actor: str, scenario: str, plan: list[tuple[str
                 rec["controller_ready_s"] = tr.ctl.ready_s
             floor = tr.floor(plan) if actor == "floor" else None
             ready = meter.reading()
+            profiling = profile_dir is not None and actor == "spmdjob"
+            if profiling:
+                profiler = start_profile(tr.ctl.proc.pid, profile_dir / f"{scenario}-spmdjob-start.txt")
 
             # 1. start-up
             t0 = time.time()
@@ -365,6 +420,8 @@ def load_trial(cluster: Cluster, actor: str, scenario: str, plan: list[tuple[str
                 res = floor.result(timeout=max(10.0, deadline - time.monotonic()))
                 rec["submit_s"], rec["floor_client_rss_mib"] = res["submit_s"], res["peak_rss_mib"]
             running = meter.reading()
+            if profiling:
+                rec.setdefault("profiles", {})["start"] = stop_profiler(profiler)
             with trk.cond:
                 rec["pods_seen"], rec["pods_running"] = len(trk.pod_seen), len(trk.pod_running)
                 rec["jobs_running"] = sum(1 for j in sizes if trk.running_at(j) is not None)
@@ -392,9 +449,16 @@ def load_trial(cluster: Cluster, actor: str, scenario: str, plan: list[tuple[str
                 idle_start = meter.reading(apiserver=True)
                 events_before = trk.events
                 own_before = tr.ctl.scrape() if hasattr(tr.ctl, "scrape") else {}
-                time.sleep(idle)
+                if profiling:
+                    profiler = start_profile(tr.ctl.proc.pid, profile_dir / f"{scenario}-spmdjob-idle.txt")
+                    time.sleep(max(0.0, idle - 1.0))  # the profiler's start took a second of it
+                else:
+                    time.sleep(idle)
                 tr.check()
                 idle_end = meter.reading(apiserver=True)
+                rec["operator_holds"] = {"idle": operator_holds(tr.ctl)}
+                if profiling:
+                    rec["profiles"]["idle"] = stop_profiler(profiler)
                 rec["requests"]["settle"] = phase_requests(meter, running, idle_start)
                 reqs = phase_requests(meter, idle_start, idle_end)
                 rec["requests"]["idle"] = reqs
@@ -463,6 +527,7 @@ def load_trial(cluster: Cluster, actor: str, scenario: str, plan: list[tuple[str
                 time.sleep(after_delete)
                 tr.check()
                 after = meter.reading()
+                rec.setdefault("operator_holds", {})["after_delete"] = operator_holds(tr.ctl)
                 rec["rss_mib"] = {"start": sum_usage(ready, "rss_mib"), "running": sum_usage(running, "rss_mib"),
                                   "idle_end": sum_usage(idle_end, "rss_mib"), "deleted": sum_usage(gone, "rss_mib"),
                                   "after_delete": sum_usage(after, "rss_mib"), "peak": sum_usage(after, "hwm_mib")}
@@ -601,6 +666,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kwok-nodes", type=int, default=None,
                     help=f"kwok nodes of {KWOK_PODS_PER_NODE} pods (default: room for the largest load, at least 4)")
     ap.add_argument("--state-dir", help="where the cluster and controller logs go (default: a temp dir)")
+    ap.add_argument("--profile", metavar="DIR",
+                    help="sample the SPMDJob operator with py-spy through each load's start-up and idle window")
     ap.add_argument("--operator-tree", metavar="DIR",
                     help="run the SPMDJob operator from this checkout (e.g. a git worktree of another commit)")
     ap.add_argument("--scale-json", help="an operator_scale JSON whose largest SPMDJob row fills the one-large-job target")
@@ -640,7 +707,8 @@ def main(argv: list[str] | None = None) -> int:
                 rec = load_trial(cluster, actor, scenario, plans[scenario],
                                  idle=args.idle if scenario == "many" else args.mixed_idle, settle=args.settle,
                                  after_delete=args.after_delete, timeout=args.timeout,
-                                 sample_seconds=args.sample_seconds, log_dir=log_dir)
+                                 sample_seconds=args.sample_seconds, log_dir=log_dir,
+                                 profile_dir=Path(args.profile) if args.profile else None)
                 runs.append(rec)
                 brief = (f"jobs Running {rec.get('jobs_running_s', 0):.1f}s, idle {(rec.get('idle') or {}).get('requests')} "
                          f"requests, gone {(rec.get('delete') or {}).get('children_gone_s', 0):.1f}s"
