@@ -74,6 +74,7 @@ class Observer:
         self.seq = 0
         self.received: dict[int, float] = {}
         self.progress_at: float | None = None  # monotonic time the latest progress event came
+        self.since = time.time()
         self._view: CoordinatorView | None = None
 
     @property
@@ -104,7 +105,8 @@ class Observer:
         if self._view is None:
             kinds = self.events
             self._view = CoordinatorView(
-                pod=self.pod_name, connected=self.connected, error=self.error, round=self.round, phase=self.phase,
+                pod=self.pod_name, connected=self.connected, error=self.error, since=self.since, round=self.round,
+                phase=self.phase,
                 restarts=tuple(kinds.get(rendezvous.EV_RESTART, ())), rounds=tuple(kinds.get(rendezvous.EV_ROUND, ())),
                 started=tuple(kinds.get(rendezvous.EV_STARTED, ())),
                 all_running=tuple(kinds.get(rendezvous.EV_ALL_RUNNING, ())),
@@ -174,6 +176,8 @@ class Observer:
                 raise
             except (OSError, asyncio.TimeoutError, rendezvous.ProtocolError, ConnectionError, ValueError) as e:
                 self.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                self._view = None
+                self.wake()
             finally:
                 if self.connected:
                     self.connected = False

@@ -169,16 +169,31 @@ def handle(p: Pass) -> bool:
         return False
     if p.in_place and inplace.replace_lost(p, found):
         return True
+    if p.in_place and (wait := inplace.connecting(p, found)) > 0:
+        p.requeue.append(wait)  # the coordinator is being reached for the first time: it may take the pod back
+        p.counts(p.current())
+        return True
     verdict = inplace.verdict(p)
-    root = verdict or found[0]
+    wait = verdict.wait if verdict is not None else inplace.verdict_pending(p)
+    if wait > 0:
+        # The agents are ending the gang on a verdict: its root cause's pod (its message is the
+        # record), or the word of who it is, comes in a moment.
+        p.requeue.append(wait)
+        p.counts(p.current())
+        return True
+    root = verdict.failure if verdict is not None else found[0]
+    if verdict is not None and verdict.round is not None and verdict.round > p.restart:
+        # Restarts in place the operator did not hear of (it was away): the agents' last line says.
+        p.restart = verdict.round
+        p.new.update(restarts=verdict.round, gangRestart=p.gang)
     p.new["failure"] = root.as_status(p.restart, p.now)
     p.pods_lost = root.lost
     cause = root.describe()
     disruptions = int(p.o.status.get("disruptions") or 0)
     counted = p.restart - disruptions
-    # After the coordinator's verdict every agent ends its pod with it: the pods are left to end
-    # (their logs kept), not deleted (lifecycle.finished stops any left after a grace).
-    stop = verdict is None
+    # After the agents' verdict every agent ends its pod with it: the pods are left to end (their
+    # logs kept), not deleted (lifecycle.finished stops any left after a grace).
+    stop = verdict is None or verdict.fallback
     if root.permanent:
         p.fail("PermanentFailure", f"{cause}; permanent, no restart", stop=stop)
         p.counts(p.current())

@@ -44,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from monarch_spmd import policy
@@ -66,7 +67,7 @@ from .model import (
     format_time,
     parse_time,
 )
-from .status import Failure, Pass
+from .status import VERDICT_LINE, Failure, Pass
 
 #: A restart caused by a lost member (no process exit: MemberLost) waits this long for the pod's
 #: state to say why it went (a disruption is not counted) before it is recorded as a failure.
@@ -80,6 +81,15 @@ REASON_MEMBER_LOST: Final = "MemberLost"
 NODE_LOSS_REASONS: Final = frozenset({"DeletionByTaintManager", "DeletionByPodGC", "NodeLost"})
 #: Reasons the agents report for a hung rank (torchrun's watchdog, the progress timeout).
 HANG_REASONS: Final = frozenset({"WatchdogTimeout", "NoProgress"})
+#: Reasons whose message from the agent only repeats the exit ("rank 1 exited with code 3"): the
+#: rank's own last lines say more, so they come last (the one line Events and status show).
+PLAIN_EXITS: Final = frozenset({"Error", "Signal", "OOMKilled"})
+#: How long a lost pod waits for the operator's first connection to the coordinator (just started:
+#: a new gang, an operator that just started leading) before the gang is recreated instead.
+CONNECT_WAIT_SECONDS: Final = 3.0
+#: After the coordinator's verdict, how long the root cause's pod is given to end (its termination
+#: message, the end of its log, is then the record) before the verdict is acted on without it.
+VERDICT_WAIT_SECONDS: Final = 10.0
 
 
 def view(p: Pass) -> CoordinatorView | None:
@@ -146,8 +156,11 @@ def _text(p: Pass, event: Mapping[str, Any]) -> str | None:
     None: the agents send none then, and none would be shown)."""
     lines = [str(x) for x in event.get("tail") or []] if p.spec.failure_output != FAILURE_OUTPUT_NONE else []
     message = event.get("message")
-    if message and (not lines or lines[-1] != message):
-        lines.append(str(message))
+    if message and str(message) not in lines:
+        if event.get("reason") in PLAIN_EXITS:
+            lines.insert(0, str(message))
+        else:
+            lines.append(str(message))
     return "\n".join(lines) or None
 
 
@@ -309,14 +322,110 @@ def replace_lost(p: Pass, found: list[Failure]) -> bool:
     return True
 
 
-def verdict(p: Pass) -> Failure | None:
-    """The coordinator's final ``failed`` verdict on the current gang as the root cause (it names
-    the rank whose failure decided it, which the pods' exit codes alone cannot), or None."""
-    v = view(p)
-    if v is None or v.final is None or v.final.get("type") != "failed" or _int(v.final.get("rank")) is None:
+@dataclass(frozen=True)
+class Verdict:
+    """How the gang's agents ended it (the coordinator's ``failed``): its root cause, the round it
+    came in, whether it asks for the gang to be recreated (``fallback``), and how long to wait for
+    the root cause's pod to end first (its termination message is then the record)."""
+
+    failure: Failure
+    round: int | None
+    fallback: bool
+    wait: float = 0.0
+
+
+def verdict(p: Pass) -> Verdict | None:
+    """The agents' final verdict on the current gang, or None.
+
+    From the coordinator when the operator heard it; else from the pods: every agent's last line
+    (and termination message) names the root cause's rank, exit code and round
+    (:data:`.status.VERDICT_LINE`), so a gang that ended before the operator connected (or while
+    it was away) is still judged by its root cause, not by which pod ended first.
+    """
+    if not p.in_place:
         return None
-    f = _failure(p, v.final)
-    return dataclasses.replace(f, exit_code=_int(v.final.get("rank_exit_code"), f.exit_code))
+    current = p.current()
+    v = view(p)
+    final = v.final if v is not None and v.final is not None and v.final.get("type") == "failed" else None
+    if final is not None and _int(final.get("rank")) is not None:
+        f = _failure(p, final)
+        f = dataclasses.replace(f, exit_code=_int(final.get("rank_exit_code"), f.exit_code))
+        pod = current.get(p.index_of_rank(f.rank))
+        wait = 0.0
+        if pod is not None and pod.finished and pod.message:
+            f = dataclasses.replace(f, message=_verdict_first(policy.failure_text(p.spec, pod.message)) or f.message)
+        if pod is not None and pod.finished and pod.reason not in (None, "Error", "Completed") \
+                and f.reason in ("Error", "Signal"):
+            f = dataclasses.replace(f, reason=pod.reason)  # the kubelet knows more (OOMKilled by the container's cgroup)
+        elif pod is not None and not pod.finished and not pod.deleting:
+            received = final.get("received")
+            age = p.now.timestamp() - received if isinstance(received, (int, float)) else VERDICT_WAIT_SECONDS
+            wait = max(0.0, VERDICT_WAIT_SECONDS - age)
+        return Verdict(f, _int(final.get("round")), bool(final.get("fallback")), wait)
+    for index, pod in sorted(current.items()):
+        if pod.phase != FAILED or not pod.message:
+            continue
+        found = [m for m in map(VERDICT_LINE.match, pod.message.splitlines()) if m]
+        if not found:
+            continue
+        rank, code, round_, outcome = int(found[-1][1]), int(found[-1][2]), int(found[-1][3]), found[-1][4]
+        root = current.get(p.index_of_rank(rank))
+        told = root if root is not None and root.finished and root.message else pod
+        reason = root.reason if root is not None and root.finished and root.reason else "Error"
+        fallback = outcome.startswith("the gang must be recreated")
+        f = Failure(rank, root.name if root is not None else names.pod_name(p.o.job, p.gang, p.index_of_rank(rank)),
+                    root.node if root is not None else pod.node, code, reason,
+                    _verdict_first(policy.failure_text(p.spec, told.message)),
+                    not fallback and policy.is_permanent(p.spec, code, reason), False, False, (0, "~", index))
+        return Verdict(f, round_, fallback)
+    return None
+
+
+def connecting(p: Pass, found: list[Failure]) -> float:
+    """Seconds to wait for the first connection to the coordinator before judging lost pods (0:
+    judge now): only until it was first heard, briefly (a refused connection is normal while the
+    rank-0 pod's agent starts), and only for losses it could take back (not rank 0's pod)."""
+    v = view(p)
+    if v is None or v.heard or v.since is None:
+        return 0.0
+    zero = p.current().get(0)
+    if zero is None or zero.phase != RUNNING or zero.deleting:
+        return 0.0
+    if any(p.index_of_rank(f.rank) == 0 or f.permanent or f.reason in NODE_LOSS_REASONS for f in found):
+        return 0.0
+    return max(0.0, CONNECT_WAIT_SECONDS - (p.now.timestamp() - v.since))
+
+
+def verdict_pending(p: Pass) -> float:
+    """Seconds to wait for the agents' verdict before judging the gang by which pod ended first.
+
+    After a verdict every agent ends its pod with the root cause's code, the failing rank's pod
+    not always first; until some pod's last line names the root cause, a pod that ended Failed
+    (not lost: not deleted, disrupted or given up with 75) while others still run is given
+    VERDICT_WAIT_SECONDS from its end for that word to come. 0: judge now.
+    """
+    if not p.in_place:
+        return 0.0
+    current = p.current().values()
+    ended = [pod for pod in current if pod.phase == FAILED and not pod.deleting and not pod.disrupted
+             and pod.exit_code not in (None, EX_TEMPFAIL)]
+    if not ended or not any(pod.phase == RUNNING and not pod.deleting for pod in current):
+        return 0.0
+    times = [parse_time(pod.finished_at) for pod in ended]
+    if any(t is None for t in times):
+        return 0.0
+    age = (p.now - max(t for t in times if t is not None)).total_seconds()
+    return max(0.0, VERDICT_WAIT_SECONDS - age)
+
+
+def _verdict_first(message: str | None) -> str | None:
+    """A pod's message with the agents' verdict lines first: its last line is then the rank's own
+    (what one-line summaries show), the verdict still in the record."""
+    if not message:
+        return message
+    lines = message.splitlines()
+    said = [line for line in lines if VERDICT_LINE.match(line)]
+    return "\n".join([*said, *(line for line in lines if not VERDICT_LINE.match(line))])
 
 
 def unstarted_round(p: Pass) -> bool:

@@ -319,6 +319,7 @@ class CoordinatorView:
         pod: the pod (rank 0 of the gang) whose coordinator this is.
         connected: a connection is open and its ``welcome`` was read.
         error: why the last connection attempt failed or ended, if it did.
+        since: when the operator began to connect (Unix time).
         round: the coordinator's current round (from ``welcome``, then its events).
         phase: ``joining``, ``running``, ``stopping``, ``finished`` or ``failed``.
         restarts: every ``restart`` event (the decision to restart in place), oldest first.
@@ -333,6 +334,7 @@ class CoordinatorView:
     pod: str
     connected: bool = False
     error: str | None = None
+    since: float | None = None
     round: int | None = None
     phase: str | None = None
     restarts: tuple[Mapping[str, Any], ...] = ()

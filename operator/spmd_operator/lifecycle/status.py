@@ -8,9 +8,10 @@ writes, Events, timers); :meth:`Pass.plan` turns it into one :class:`~.model.Pla
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from monarch_spmd import policy
 from monarch_spmd.payload import contract
@@ -33,6 +34,10 @@ from .model import (
 #: How much of a failure's message is kept in status.failure.message.
 MESSAGE_LINES = 20
 MESSAGE_CHARS = 2048
+#: The last line every agent writes on a failure (payload.agent.failure_line): the root cause's
+#: rank, its exit code, the round and the outcome (docs/restart-in-place.md).
+VERDICT_LINE: Final = re.compile(
+    r"^monarch-spmd worker: rank (\d+) exited with code (\d+)(?: \(local rank \d+\))? in restart (\d+); (.*)$")
 
 
 @dataclass(frozen=True)
@@ -51,11 +56,15 @@ class Failure:
     order: tuple[int, str, int]
 
     def describe(self) -> str:
+        """One line: the rank, its pod and node, the exit code, the reason and the message's last
+        line that says more than the worker's own verdict line (which repeats the rank and code)."""
         what = f"exited {self.exit_code}" if self.exit_code is not None else "was lost"
         where = f" on node {self.node}" if self.node else ""
         text = f"rank {self.rank} (pod {self.pod}{where}) {what}: {self.reason}"
-        if self.message and self.message.strip():
-            text += f": {self.message.strip().splitlines()[-1][:300]}"
+        lines = [line for line in (self.message or "").strip().splitlines() if line.strip()]
+        telling = [line for line in lines if not VERDICT_LINE.match(line)]
+        if telling or lines:
+            text += f": {(telling or lines)[-1][:300]}"
         return text
 
     def as_status(self, restart: int, now: dt.datetime) -> dict[str, Any]:

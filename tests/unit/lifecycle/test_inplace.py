@@ -39,7 +39,7 @@ def test_a_restart_in_place_is_one_status_patch_and_one_event_and_no_pod_is_touc
     assert (new["phase"], new["restarts"], new["gangRestart"]) == ("Restarting", 1, 0)
     assert new["masterAddr"] == names.master_addr(JOB, 0), "the same MASTER_ADDR: the pods stay"
     assert new["failure"] == {"rank": 2, "pod": pod_name(2), "node": "node-2", "exitCode": 1, "reason": "Error",
-                              "message": "Traceback (most recent call last):\nRuntimeError: boom\nrank 2 exited with code 1",
+                              "message": "rank 2 exited with code 1\nTraceback (most recent call last):\nRuntimeError: boom",
                               "restart": 0, "permanent": False, "disruption": False, "time": "2026-01-01T11:59:54Z",
                               "inPlace": True, "backoffSeconds": 0}
     assert plan.delete_pods == () and plan.create == () and plan.replace == ()
@@ -47,6 +47,7 @@ def test_a_restart_in_place_is_one_status_patch_and_one_event_and_no_pod_is_touc
     [event] = plan.events
     assert (event.type, event.reason) == ("Warning", "Restarting")
     assert "rank 2" in event.message and "restart 1 of at most 3" in event.message and "in place" in event.message
+    assert "Error: RuntimeError: boom" in event.message, "the rank's last line, not the agent's repetition of the code"
     restarting = cond(new, "Restarting")
     assert (restarting["status"], restarting["reason"]) == ("True", "RestartingInPlace")
 
@@ -243,7 +244,7 @@ def test_the_coordinators_verdict_names_the_root_cause_when_the_pods_end():
     new = apply(st, plan)
     assert new["phase"] == "Failed" and cond(new, "Failed")["reason"] == "RestartLimitExceeded"
     assert (new["failure"]["rank"], new["failure"]["pod"], new["failure"]["exitCode"]) == (5, pod_name(2), 7)
-    assert new["failure"]["message"].splitlines() == ["ValueError: bad batch", "rank 5 exited with code 7"]
+    assert new["failure"]["message"].splitlines() == ["rank 5 exited with code 7", "ValueError: bad batch"]
     # maxRestarts raised since the pods were created: the operator recreates the gang instead.
     plan = run(s=spec(podLayout="PerHost", restartPolicy={"maxRestarts": 5}), st=st, pods=[pods[0], pods[2]],
                coordinator=view(round_=3, phase="failed", final=final, connected=False))
@@ -325,3 +326,81 @@ def test_after_the_verdict_the_pods_end_by_themselves_and_keep_their_logs():
     assert soon.delete_pods == () and 34 <= soon.requeue_after <= 36
     late = run(s=spec(), st=new, pods=pods, now=NOW + dt.timedelta(seconds=46))
     assert set(late.delete_pods) == {pod_name(i) for i in (1, 2, 3)}
+
+
+def test_the_verdict_waits_a_little_for_the_root_causes_pod_to_end_and_takes_its_message():
+    st = status("Running", restarts=1, gangRestart=0)
+    final = {"type": "failed", "round": 1, "rank": 1, "member": 1, "exit_code": 7, "rank_exit_code": 7, "reason": "Error",
+             "message": "rank 1 exited with code 7", "tail": [], "permanent": False, "exhausted": True,
+             "fallback": False, "received": T - 2}
+    pods = gang("Running")
+    pods[0] = pod(0, "Failed", exit_code=7)
+    coordinator = view(round_=1, phase="failed", final=final, connected=False)
+    plan = run(s=spec(restartPolicy={"maxRestarts": 1}), st=st, pods=pods, coordinator=coordinator)
+    assert plan.status.get("phase") is None and 7.5 <= plan.requeue_after <= 8.5, "rank 1's pod is still ending"
+    pods[1] = pod(1, "Failed", exit_code=7, message="ValueError: bad batch\nmonarch-spmd worker: rank 1 exited with "
+                  "code 7 in restart 1; job failed: restarts used up (1 of 1)")
+    new = apply(st, run(s=spec(restartPolicy={"maxRestarts": 1}), st=st, pods=pods, coordinator=coordinator))
+    assert new["phase"] == "Failed" and new["failure"]["message"].splitlines() == [
+        "monarch-spmd worker: rank 1 exited with code 7 in restart 1; job failed: restarts used up (1 of 1)",
+        "ValueError: bad batch"], "the verdict first, the rank's own last line last"
+    assert cond(new, "Failed")["message"].startswith(f"rank 1 (pod {pod_name(1)} on node node-1) exited 7: Error: "
+                                                     "ValueError: bad batch;"), cond(new, "Failed")["message"]
+
+
+def test_without_the_coordinator_the_agents_last_line_names_the_root_cause_and_the_missed_restarts():
+    """The gang ended before the operator heard its coordinator: rank 0's pod ended first with the
+    root cause's code; rank 1's own last line (every agent writes it) says who, and that two
+    restarts in place happened meanwhile."""
+    st = status("Running")
+    line = "monarch-spmd worker: rank 1 exited with code 137 in restart 2; job failed: restarts used up (2 of 2)"
+    pods = [pod(0, "Failed", exit_code=137, reason="Error", message="hi rank 0", finished_at="2026-01-01T11:59:00Z"),
+            pod(1, "Failed", exit_code=137, reason="Error", message=f"hi rank 1\n{line}",
+                finished_at="2026-01-01T11:59:01Z"), pod(2), pod(3)]
+    plan = run(s=spec(restartPolicy={"maxRestarts": 2}), st=st, pods=pods)
+    new = apply(st, plan)
+    assert new["phase"] == "Failed" and cond(new, "Failed")["reason"] == "RestartLimitExceeded"
+    assert (new["failure"]["rank"], new["failure"]["exitCode"], new["restarts"], new["failure"]["restart"]) == (1, 137, 2, 2)
+    assert plan.delete_pods == (), "the agents end every pod themselves after their verdict"
+    # With RecreatePods the same line (a PerHost worker's) is only a pod's message.
+    plan = run(s=spec(restartPolicy={"mode": "RecreatePods", "maxRestarts": 2}), st=st, pods=pods)
+    assert apply(st, plan)["failure"]["rank"] == 0 and apply(st, plan)["restarts"] == 1
+
+
+def test_a_pod_ending_first_waits_a_little_for_the_agents_to_say_who_failed():
+    st = status("Running")
+    pods = gang("Running")
+    pods[0] = pod(0, "Failed", exit_code=137, reason="Error", message="hi rank 0", finished_at="2026-01-01T11:59:58Z")
+    plan = run(s=spec(restartPolicy={"maxRestarts": 0}), st=st, pods=pods)
+    assert plan.status.get("phase") is None and plan.delete_pods == () and 7.5 <= plan.requeue_after <= 8.5
+    later = run(s=spec(restartPolicy={"maxRestarts": 0}), st=st, pods=pods, now=NOW + dt.timedelta(seconds=9))
+    assert apply(st, later)["phase"] == "Failed" and apply(st, later)["failure"]["rank"] == 0, \
+        "no word came: judged by the pods, as before"
+    deleted = gang("Running")
+    deleted[0] = dataclasses.replace(pod(0), deleting=True)
+    assert apply(st, run(st=st, pods=deleted))["restarts"] == 1, "a pod taken away is no verdict: no wait"
+
+
+def test_a_pod_lost_before_the_first_connection_to_the_coordinator_waits_for_it_briefly():
+    st = status("Running")
+    pods = gang("Running")
+    pods[2] = pod(2, "Failed", exit_code=143, reason="Error")
+    trying = dataclasses.replace(view(connected=False), phase=None, round=None, since=T - 1)
+    plan = run(st=st, pods=pods, coordinator=trying)
+    assert plan.status.get("restarts") is None and plan.delete_pods == () and 1.5 <= plan.requeue_after <= 2.5
+    late = dataclasses.replace(trying, since=T - 4)
+    assert apply(st, run(st=st, pods=pods, coordinator=late))["restarts"] == 1, "no answer: the gang is recreated"
+    refused = dataclasses.replace(trying, error="ConnectionRefusedError")  # the agent is still starting
+    assert run(st=st, pods=pods, coordinator=refused).status.get("restarts") is None
+    assert apply(st, run(st=st, pods=pods, coordinator=dataclasses.replace(refused, since=T - 4)))["restarts"] == 1
+
+
+def test_the_kubelets_reason_wins_over_a_plain_signal_in_the_verdict():
+    st = status("Running")
+    final = {"type": "failed", "round": 0, "rank": 0, "member": 0, "exit_code": 137, "rank_exit_code": 137,
+             "reason": "Signal", "message": "rank 0 was killed by SIGKILL (exit code 137)", "tail": [],
+             "permanent": False, "exhausted": True, "fallback": False}
+    pods = [pod(0, "Failed", exit_code=137, reason="OOMKilled", message="x")]
+    new = apply(st, run(s=spec(mesh=[{"name": "hosts", "size": 1}], restartPolicy={"maxRestarts": 0}), st=st,
+                        pods=pods, coordinator=view(round_=0, phase="failed", final=final, connected=False)))
+    assert (new["failure"]["reason"], new["failure"]["exitCode"]) == ("OOMKilled", 137)
