@@ -290,9 +290,10 @@ def test_deleting_the_namespace_stops_the_job_quietly(running_operator, cluster)
 
 
 def test_a_new_attempt_never_reaches_an_old_attempts_rank_zero(running_operator, namespace):
+    """RecreatePods: a new gang gets a new master Service name (in place the pods and the name stay)."""
     c = running_operator
     apply(c, namespace, job_manifest("reroute", [("procs", 3)], ["-m", "tests.programs.master_probe", "--sleep", "20"],
-                                     restartPolicy={"maxRestarts": 1}))
+                                     restartPolicy={"maxRestarts": 1, "mode": "RecreatePods"}))
 
     def first_master_ip():
         return next((p.status.pod_ip for p in job_pods(c, namespace, "reroute")

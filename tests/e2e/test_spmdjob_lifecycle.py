@@ -1,9 +1,10 @@
 """End-to-end: SPMDJobs applied with kubectl run on the process node as real processes.
 
 What a user sees is what is asserted: kubectl's columns, the job's status and Events, the pods
-and what each rank printed. Covers the gloo/DDP happy path on a 2x2 mesh, gang restarts
-(retryable once, always failing, permanent exit code), deletion by garbage collection, suspend
-and resume, and a pod deleted from under a running job.
+and what each rank printed. Covers the gloo/DDP happy path on a 2x2 mesh, gang restarts by
+recreating the pods (restartPolicy.mode RecreatePods: retryable once, always failing, a pod
+deleted from under a running job), a permanent exit code, deletion by garbage collection,
+suspend and resume. Restarts in place: test_restart_in_place.py.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def test_rank_failing_once_restarts_the_whole_gang_then_succeeds(running_operato
     c = running_operator
     args = ["-m", "tests.programs.fail_once", "--rank", "1", "--code", "3", "--sleep", "1"]
     apply(c, namespace, job_manifest("flaky", [("procs", 2)], args,
-                                     restartPolicy={"maxRestarts": 2}))
+                                     restartPolicy={"maxRestarts": 2, "mode": "RecreatePods"}))
     job = wait_phase(c, namespace, "flaky", "Succeeded", timeout=240)
     assert job["status"]["restarts"] == 1
     pods = job_pods(c, namespace, "flaky")
@@ -76,7 +77,7 @@ def test_rank_always_failing_fails_after_the_limit_with_its_root_cause(running_o
     c = running_operator
     args = ["-m", "tests.programs.fail_once", "--rank", "1", "--code", "7", "--always"]
     apply(c, namespace, job_manifest("doomed", [("procs", 2)], args,
-                                     restartPolicy={"maxRestarts": 1}))
+                                     restartPolicy={"maxRestarts": 1, "mode": "RecreatePods"}))
     job = wait_phase(c, namespace, "doomed", "Failed", timeout=240)
     status = job["status"]
     assert status["restarts"] == 1
@@ -142,7 +143,7 @@ def test_pod_deleted_from_under_a_running_job_restarts_the_gang(running_operator
     c = running_operator
     args = ["-m", "tests.programs.fail_once", "--rank", "9", "--sleep", "300"]
     apply(c, namespace, job_manifest("victim", [("procs", 2)], args,
-                                     restartPolicy={"maxRestarts": 2}))
+                                     restartPolicy={"maxRestarts": 2, "mode": "RecreatePods"}))
     first = wait_phase(c, namespace, "victim", "Running", timeout=120)
     victim = names.pod_name(job_ref(first), 0, 1)
     c.kubectl("delete", "pod", victim, "-n", namespace, "--wait=false")

@@ -171,7 +171,7 @@ sys.exit(0 if peer["attempt"] == attempt and peer["ip"] == resolved else 42)
 
 def test_gang_restart_reaches_only_the_new_attempts_rank_0(real_cluster, real_namespace):
     job, extra = spmdjob("regang", 2, ["/opt/train/train.py"], STOCK_IMAGE, script=RESTART_SCRIPT,
-                         restartPolicy={"maxRestarts": 2, "permanentExitCodes": [42]},
+                         restartPolicy={"maxRestarts": 2, "permanentExitCodes": [42], "mode": "RecreatePods"},
                          rendezvousTimeoutSeconds=120)
     apply(real_cluster, real_namespace, *extra, job)
     watch = JobWatch(real_cluster, real_namespace, "regang")
