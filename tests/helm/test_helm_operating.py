@@ -85,7 +85,8 @@ def test_service_monitor_when_enabled(render):
     assert monitor["metadata"]["labels"]["release"] == "kps"  # for Prometheus's serviceMonitorSelector
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["ops"]}
     assert monitor["spec"]["endpoints"] == [
-        {"port": "metrics", "path": "/metrics", "scheme": "http", "interval": "15s", "scrapeTimeout": "5s"}
+        {"port": "metrics", "path": "/metrics", "scheme": "http", "honorLabels": True, "interval": "15s",
+         "scrapeTimeout": "5s"}
     ]
     service = one(objects, "Service")
     assert selects(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
