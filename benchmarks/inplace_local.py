@@ -58,6 +58,10 @@ class Watch:
 
     def __call__(self, message: dict[str, Any]) -> None:
         with self.cond:
+            # A welcome carries the job-level events sent before the observer connected (a small
+            # gang can be running before the first connection): they count as seen.
+            seen = {e.get("seq") for e in self.events}
+            self.events.extend(e for e in message.get("history") or [] if e.get("seq") not in seen)
             self.events.append(message)
             self.cond.notify_all()
 
@@ -72,13 +76,6 @@ class Watch:
                 if left <= 0:
                     raise TimeoutError(f"no {kind} event with {fields} within {timeout:g}s")
                 self.cond.wait(min(left, 0.5))
-
-    def pids(self, round_: int) -> dict[int, int]:
-        """rank -> pid of the round's processes (from the ``running`` events)."""
-        with self.cond:
-            return {p["rank"]: p["pid"] for e in self.events if e.get("type") == rendezvous.EV_RUNNING
-                    and e.get("round") == round_ for p in e.get("procs") or []}
-
 
 class Job:
     """One local run in a thread: the runner, its log, its observer's events."""
@@ -124,6 +121,18 @@ class Job:
             os.unlink(self.log.name)
 
 
+def ready_pids(ready: str, round_: int) -> dict[int, int]:
+    """rank -> pid of the round's processes, from the files they wrote (``running`` events come
+    only while an observer is connected, which a fast gang can beat)."""
+    pids = {}
+    for name in os.listdir(ready):
+        restart, _, rank = name.partition(".")
+        if restart == str(round_):
+            with open(os.path.join(ready, name)) as f:
+                pids[int(rank)] = int(f.read())
+    return pids
+
+
 def wait_ready(ready: str, round_: int, ranks: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     prefix = f"{round_}."
@@ -144,7 +153,7 @@ def restart_times(ranks: int, per_host: int, reps: int) -> dict[str, Any]:
                 job.watch.wait(rendezvous.EV_ALL_RUNNING, budget, round=r)
                 wait_ready(ready, r, ranks, budget)
                 time.sleep(0.5)  # let the last interpreters settle into sleep
-                victim = job.watch.pids(r)[(ranks // 2 + r * per_host) % ranks]
+                victim = ready_pids(ready, r)[(ranks // 2 + r * per_host) % ranks]
                 t0 = time.time()
                 os.kill(victim, signal.SIGKILL)
                 if r == reps:
@@ -192,30 +201,33 @@ def spawn_floor(ranks: int) -> float:
 
 def hang_times(ranks: int, per_host: int, reps: int, timeout: float, detector: str) -> dict[str, Any]:
     """``reps`` hangs (a SIGSTOPped rank) found by the watchdog or by the progress timeout."""
-    argv = ["-m", PROGRAM, "--mode", "steps", "--step", "0.5"]
-    env: dict[str, str] = {}
-    progress = None
-    if detector == "watchdog":
-        argv += ["--watchdog", f"{timeout:g}"]
-        env["TORCHELASTIC_ENABLE_FILE_TIMER"] = "1"
-    else:
-        progress = timeout
     detections, restarts, reasons = [], [], set()
-    with Job(ranks, per_host, argv, reps, progress_timeout=progress, env=env) as job:
-        for r in range(reps):
-            job.watch.wait(rendezvous.EV_ALL_RUNNING, 120, round=r)
-            time.sleep(1.5)  # a few steps: timers armed, lines written
-            victim = job.watch.pids(r)[ranks // 2]
-            t0 = time.time()
-            os.kill(victim, signal.SIGSTOP)
-            failure = job.watch.wait(rendezvous.EV_FAILURE, 120, round=r)
-            again = job.watch.wait(rendezvous.EV_ALL_RUNNING, 120, round=r + 1)
-            detections.append(failure["time"] - t0)
-            restarts.append(again["time"] - t0)
-            reasons.add(failure["reason"])
-        time.sleep(1.0)
-        victim = job.watch.pids(reps)[0]
-        os.kill(victim, signal.SIGKILL)  # the restarts are used up: this ends the job
+    with tempfile.TemporaryDirectory() as ready:
+        argv = ["-m", PROGRAM, "--mode", "steps", "--step", "0.5", "--ready-dir", ready]
+        env: dict[str, str] = {}
+        progress = None
+        if detector == "watchdog":
+            argv += ["--watchdog", f"{timeout:g}"]
+            env["TORCHELASTIC_ENABLE_FILE_TIMER"] = "1"
+        else:
+            progress = timeout
+        with Job(ranks, per_host, argv, reps, progress_timeout=progress, env=env) as job:
+            for r in range(reps):
+                job.watch.wait(rendezvous.EV_ALL_RUNNING, 120, round=r)
+                wait_ready(ready, r, ranks, 120)
+                time.sleep(1.5)  # a few steps: timers armed, lines written
+                victim = ready_pids(ready, r)[ranks // 2]
+                t0 = time.time()
+                os.kill(victim, signal.SIGSTOP)
+                failure = job.watch.wait(rendezvous.EV_FAILURE, 120, round=r)
+                again = job.watch.wait(rendezvous.EV_ALL_RUNNING, 120, round=r + 1)
+                detections.append(failure["time"] - t0)
+                restarts.append(again["time"] - t0)
+                reasons.add(failure["reason"])
+            wait_ready(ready, reps, ranks, 120)
+            time.sleep(1.0)
+            victim = ready_pids(ready, reps)[0]
+            os.kill(victim, signal.SIGKILL)  # the restarts are used up: this ends the job
     return {"detector": detector, "ranks": ranks, "timeout_s": timeout, "reasons": sorted(reasons),
             "detect_s": detections, "restart_s": restarts, "detect_median_s": median(detections),
             "restart_median_s": median(restarts)}

@@ -1,6 +1,8 @@
 """The trivial training program of benchmarks/inplace_local.py: as little as a rank can be.
 
-``--mode sleep``: create ``<ready dir>/<restart>.<rank>`` and turn into ``sleep`` (exec), so a
+``--ready-dir DIR``: write the process's pid to ``DIR/<restart>.<rank>`` first.
+
+``--mode sleep``: turn into ``sleep`` (exec), so a
 thousand ranks hold a few MiB each and no CPU while the benchmark measures the agents.
 
 ``--mode steps``: a rank that works in steps of ``--step`` seconds, printing one line per step
@@ -38,9 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--watchdog", type=float, default=0.0)
     opts = parser.parse_args(argv)
     rank, restart = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
+    if opts.ready_dir:  # <restart>.<rank> holds the pid (a sleep execs in place: the same pid)
+        fd = os.open(os.path.join(opts.ready_dir, f".{restart}.{rank}"), os.O_CREAT | os.O_WRONLY, 0o644)
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        os.rename(os.path.join(opts.ready_dir, f".{restart}.{rank}"), os.path.join(opts.ready_dir, f"{restart}.{rank}"))
     if opts.mode == "sleep":
-        if opts.ready_dir:
-            os.close(os.open(os.path.join(opts.ready_dir, f"{restart}.{rank}"), os.O_CREAT | os.O_WRONLY, 0o644))
         os.execvp("sleep", ["sleep", f"{opts.sleep:g}"])
     path = os.environ.get("TORCHELASTIC_TIMER_FILE", "")
     print(f"rank {rank} pid {os.getpid()} restart {restart}", flush=True)
