@@ -13,7 +13,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 # Pinned inside pyproject's `operator` extra; the synchronous kubernetes client is for the chart's
 # `helm test` pod, which runs this image.
-RUN pip install kopf==1.45.2 kubernetes_asyncio==36.1.0 aiohttp==3.14.5 prometheus_client==0.26.0 pyyaml==6.0.3 \
+RUN pip install kopf==1.45.2 aiohttp==3.14.5 prometheus_client==0.26.0 pyyaml==6.0.3 \
     kubernetes==37.0.2
 
 WORKDIR /src
