@@ -427,6 +427,24 @@ class Gang:
             else:
                 self._close(key.fileobj, proc, which)
 
+    def _drain(self, proc: Proc) -> None:
+        """Copies whatever output of ``proc`` its pipes hold now, without waiting (a child it
+        left behind may keep a pipe open)."""
+        for key in list(self.selector.get_map().values()):
+            if callable(key.data) or key.data[0] is not proc:
+                continue
+            while True:
+                try:
+                    data = os.read(key.fd, 65536)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    data = b""
+                if not data:
+                    self._close(key.fileobj, proc, key.data[1])
+                    break
+                self._emit(proc, key.data[1], data)
+
     def _close(self, fileobj: Any, proc: Proc, which: int) -> None:
         self.selector.unregister(fileobj)
         self.pipes.discard(fileobj)
@@ -457,6 +475,9 @@ class Gang:
             proc.exited_at = time.time()
             if proc.code != 0 and not proc.stopped and self.first_failure is None:
                 self.first_failure = proc
+                # What it wrote just before it exited may still be in its pipes: its last lines
+                # are the failure's record, so read them before the failure is reported.
+                self._drain(proc)
                 if self.on_failure is not None:
                     self.on_failure(proc)
                 if self.stop_on_failure:

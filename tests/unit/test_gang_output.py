@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
 import pytest
 
@@ -100,3 +101,19 @@ def test_return_codes_read_as_torchrun_prints_them():
     assert gang.describe_returncode(-signal.SIGKILL) == "-9 (SIGKILL)"
     assert gang.describe_returncode(3) == "3" and gang.describe_returncode(None) == "-"
     assert gang.exit_code(-15) == 143 and gang.signal_name(0) is None
+
+
+def test_a_failed_members_last_lines_are_read_before_its_failure_is_reported():
+    """The failure's record is its last lines: what a process wrote just before it exited is read
+    from its pipes before on_failure runs, even when the exit is seen before the output."""
+    seen: list[list[str]] = []
+    program = "import sys; print('step 1'); print('ValueError: bad batch', file=sys.stderr); sys.exit(7)"
+    group = gang.Gang([gang.Member(0, [sys.executable, "-c", program], dict(os.environ))],
+                      lambda which, data: None, 1.0, on_failure=lambda proc: seen.append(list(proc.tail)))
+    group.start()
+    try:
+        group.procs[0].popen.wait(30)  # exited; not one byte of its output read yet
+        group.reap()
+        assert seen == [["step 1", "ValueError: bad batch"]]
+    finally:
+        group.finish()
