@@ -352,7 +352,9 @@ def verdict(p: Pass) -> Verdict | None:
         f = dataclasses.replace(f, exit_code=_int(final.get("rank_exit_code"), f.exit_code))
         pod = current.get(p.index_of_rank(f.rank))
         wait = 0.0
-        if pod is not None and pod.finished and pod.message:
+        if pod is not None and pod.finished and pod.message and not final.get("tail"):
+            # The agent's report came without the rank's last lines: its pod's termination message
+            # (the agent's record, or the kubelet's tail of the log) says more.
             f = dataclasses.replace(f, message=_verdict_first(policy.failure_text(p.spec, pod.message)) or f.message)
         if pod is not None and pod.finished and pod.reason not in (None, "Error", "Completed") \
                 and f.reason in ("Error", "Signal"):
