@@ -175,7 +175,7 @@ def test_a_deleted_service_and_configmap_are_created_again(running_operator, nam
 def _overlap_during_restart(c, namespace, name, policy):
     manifest = job_manifest(name, [("procs", 2)],
                             ["-m", "tests.programs.slow_stop", "--stop-seconds", "6", "--run-seconds", "4"],
-                            restartPolicy={"maxRestarts": 1, "podReplacementPolicy": policy})
+                            restartPolicy={"maxRestarts": 1, "podReplacementPolicy": policy, "mode": "RecreatePods"})
     manifest["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 30
     apply(c, namespace, manifest)
     job = wait_phase(c, namespace, name, "Running", timeout=120)

@@ -33,6 +33,10 @@ class Events:
 
     def _on(self, message: dict) -> None:
         with self.cond:
+            # A gang can be running before the first connection: the welcome's history holds the
+            # job-level events sent before it (each once, by seq, also across reconnections).
+            seen = {m.get("seq") for m in self.messages if m["type"] != rendezvous.WELCOME}
+            self.messages.extend(e for e in message.get("history") or [] if e.get("seq") not in seen)
             self.messages.append(message)
             self.cond.notify_all()
 
@@ -293,7 +297,8 @@ def test_the_observer_protocol_welcome_history_and_refusals(spawn, tmp_path):
                 answer = json.loads(s.makefile().readline())
             assert answer["type"] == "refused" and reason in answer["reason"] and answer["versions"] == [1]
         assert [w.finish(120) for w in gang.workers.values()] == [0, 0]
-        seqs = [m["seq"] for m in first.messages if "seq" in m and m["type"] != "welcome"]
+        welcomed = next(i for i, m in enumerate(first.messages) if m["type"] == rendezvous.WELCOME)
+        seqs = [first.messages[welcomed]["seq"], *(m["seq"] for m in first.messages[welcomed + 1:])]
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "events come in order, without gaps"
     finally:
         first.close()
