@@ -415,35 +415,31 @@ class Gang:
             if callable(key.data):
                 key.data()
                 continue
-            proc, which = key.data
-            try:
-                data = os.read(key.fd, 65536)
-            except BlockingIOError:
-                continue
-            except OSError:
-                data = b""
-            if data:
-                self._emit(proc, which, data)
-            else:
-                self._close(key.fileobj, proc, which)
+            self._read(key)
+
+    def _read(self, key: selectors.SelectorKey) -> bool:
+        """Copies one chunk of a pipe's output, closing it at its end; False when it had nothing
+        now or has ended."""
+        proc, which = key.data
+        try:
+            data = os.read(key.fd, 65536)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            self._close(key.fileobj, proc, which)
+            return False
+        self._emit(proc, which, data)
+        return True
 
     def _drain(self, proc: Proc) -> None:
         """Copies whatever output of ``proc`` its pipes hold now, without waiting (a child it
         left behind may keep a pipe open)."""
         for key in list(self.selector.get_map().values()):
-            if callable(key.data) or key.data[0] is not proc:
-                continue
-            while True:
-                try:
-                    data = os.read(key.fd, 65536)
-                except BlockingIOError:
-                    break
-                except OSError:
-                    data = b""
-                if not data:
-                    self._close(key.fileobj, proc, key.data[1])
-                    break
-                self._emit(proc, key.data[1], data)
+            if not callable(key.data) and key.data[0] is proc:
+                while self._read(key):
+                    pass
 
     def _close(self, fileobj: Any, proc: Proc, which: int) -> None:
         self.selector.unregister(fileobj)
