@@ -856,6 +856,8 @@ class Agent:
             message = message or _error_file_message(proc.member.logs.error_file if proc.member.logs else None)
         if not message:
             message = f"rank {proc.member.rank} {self._how(proc)}"
+            if self.s.procs > 1:  # as the verdict line names it (failure_line)
+                message += f" (local rank {proc.member.local_rank})"
         tail = list(proc.tail) if self.s.output_in_failures else []
         return {**proc.row(), "reason": reason, "message": message, "tail": tail,
                 "at": proc.exited_at or time.time()}

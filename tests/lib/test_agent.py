@@ -122,6 +122,7 @@ def test_a_failed_rank_restarts_the_gang_in_place_and_training_resumes_over_gloo
         # The observer saw what the operator will turn into one status patch, one Event and a metric.
         failure = events.wait(rendezvous.EV_FAILURE)
         assert (failure["round"], failure["rank"], failure["member"], failure["exit_code"], failure["reason"]) == (0, 3, 1, 3, "Error")
+        assert failure["message"] == "rank 3 exited with code 3 (local rank 1)", "named as the verdict line names it"
         assert "failing at step 2" in failure["tail"][-1]
         restart = events.wait(rendezvous.EV_RESTART)
         assert (restart["next_round"], restart["rank"], restart["counted"], restart["max_restarts"]) == (1, 3, 1, 2)

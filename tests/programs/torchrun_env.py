@@ -15,7 +15,13 @@ import sys
 
 
 def main() -> int:
-    print("TORCHRUN_ENV " + json.dumps({"argv": sys.argv, "cwd": os.getcwd(), "env": dict(os.environ)}), flush=True)
+    # One write of the whole line: torchrun's ranks share one pipe unbuffered (python -u), where print's
+    # separate write of the newline lets another rank's line land between the two.
+    line = "TORCHRUN_ENV " + json.dumps({"argv": sys.argv, "cwd": os.getcwd(), "env": dict(os.environ)}) + "\n"
+    sys.stdout.flush()
+    data = line.encode()
+    while data:
+        data = data[os.write(sys.stdout.fileno(), data):]
     if "--gloo" not in sys.argv[1:]:
         return 0
     import torch

@@ -11,7 +11,7 @@ import monarch_spmd
 from monarch_spmd import policy
 from monarch_spmd.payload import worker
 from monarch_spmd.spec import SpecError, parse_job_spec, parse_stored
-from spmd_operator import builders, names
+from spmd_operator import builders, lifecycle, names
 from spmd_operator.names import JobRef
 
 JOB = JobRef(name="hello", namespace="team-a", uid="1234abcd-0000-4000-8000-000000000000")
@@ -457,6 +457,9 @@ def test_a_replacement_pod_joins_its_gang_at_the_open_round_under_a_name_of_its_
     env = env_of(pod)
     assert env["MONARCH_SPMD_MASTER_ADDR"] == names.master_addr(JOB, 1), "the gang's master, not a new one"
     assert (env["MONARCH_SPMD_RESTART_COUNT"], env["MONARCH_SPMD_DISRUPTIONS"]) == ("4", "2")
+    info = lifecycle.pod_info(pod)
+    assert info is not None and (info.replacement, info.joins) == (2, 4), "the lifecycle reads the round it joins"
+    assert lifecycle.pod_info(builders.build_pod(JOB, spec(), 3, 1)).joins is None, "a pod of the gang joins none"
 
 
 def test_failure_output_none_reaches_the_agent_and_keeps_the_log_out_of_the_termination_message():

@@ -127,15 +127,27 @@ def handle(p: Pass) -> bool:
     return False
 
 
-def _lost_pod(p: Pass, member: int) -> PodInfo | None:
-    """Member ``member``'s pod as it was lost: being deleted, ended, or gone (its last state seen,
-    or a placeholder when none was); None while it still looks alive."""
+def _lost_pod(p: Pass, member: int, failed_round: int | None = None) -> PodInfo | None:
+    """Member ``member``'s pod as it was lost in round ``failed_round``: being deleted, ended, or
+    gone (its last state seen, or a placeholder when none was); None while it still looks alive.
+
+    A replacement that joins a later round than ``failed_round`` is not the one lost (it was
+    created for this loss before the coordinator's word of it came): the newest one before it is.
+    """
     pod = p.current().get(member)
-    if pod is not None:
+    older = None
+    if pod is not None and failed_round is not None and pod.joins is not None and pod.joins > failed_round:
+        older = pod.replacement
+    elif pod is not None:
         return pod if pod.deleting or pod.finished or pod.phase == "Unknown" else None
-    gone = [g for g in p.o.gone if g.restart == p.gang and p.index(g) == member]
+    gone = [g for g in (*p.o.gone, *p.o.pods) if g.restart == p.gang and p.index(g) == member
+            and (older is None or g.replacement < older)]
     if gone:
-        return max(gone, key=lambda g: g.replacement)
+        return max(gone, key=lambda g: (g.replacement, g in p.o.pods))
+    if older is not None:
+        return PodInfo(name=names.pod_name(p.o.job, p.gang, member, older - 1), rank=member * p.procs_per_pod,
+                       restart=p.gang, phase=FAILED, reason=REASON_POD_MISSING,
+                       message="the pod disappeared while the job was running")
     return PodInfo(name=names.pod_name(p.o.job, p.gang, member), rank=member * p.procs_per_pod, restart=p.gang,
                    phase=FAILED, reason=REASON_POD_MISSING,
                    message="the pod disappeared while the job was running")
@@ -172,7 +184,7 @@ def _failure(p: Pass, event: Mapping[str, Any]) -> Failure:
     rank = member * per if rank is None else rank
     pod = p.current().get(member)
     if event.get("reason") == REASON_MEMBER_LOST:
-        lost = _lost_pod(p, member)
+        lost = _lost_pod(p, member, _int(event.get("round")))
         if lost is not None:
             reason = _loss_reason(lost)
             message = policy.failure_text(p.spec, lost.message) if lost.finished or lost.disrupted else None
@@ -196,7 +208,7 @@ def _record_restarts(p: Pass, v: CoordinatorView) -> bool:
                      key=lambda e: int(e["next_round"]))
     for event in pending:
         member = _int(event.get("member"), 0) or 0
-        if event.get("reason") == REASON_MEMBER_LOST and _lost_pod(p, member) is None:
+        if event.get("reason") == REASON_MEMBER_LOST and _lost_pod(p, member, _int(event.get("round"))) is None:
             received = event.get("received")
             age = p.now.timestamp() - received if isinstance(received, (int, float)) else LOST_WAIT_SECONDS
             if age < LOST_WAIT_SECONDS:
@@ -356,9 +368,12 @@ def verdict(p: Pass) -> Verdict | None:
             # The agent's report came without the rank's last lines: its pod's termination message
             # (the agent's record, or the kubelet's tail of the log) says more.
             f = dataclasses.replace(f, message=_verdict_first(policy.failure_text(p.spec, pod.message)) or f.message)
-        if pod is not None and pod.finished and pod.reason not in (None, "Error", "Completed") \
+        if pod is not None and pod.finished and pod.reason not in (None, "Completed") \
                 and f.reason in ("Error", "Signal"):
-            f = dataclasses.replace(f, reason=pod.reason)  # the kubelet knows more (OOMKilled by the container's cgroup)
+            # The kubelet's word once the pod ended, as when the verdict is read from the pods (and
+            # with RecreatePods): it may know more (OOMKilled by the container's cgroup); a rank
+            # killed by a signal is still named by its exit code (137, SIGKILL).
+            f = dataclasses.replace(f, reason=pod.reason)
         elif pod is not None and not pod.finished and not pod.deleting:
             received = final.get("received")
             age = p.now.timestamp() - received if isinstance(received, (int, float)) else VERDICT_WAIT_SECONDS

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from monarch_spmd.payload.names import RESTART_COUNT_VAR
 from monarch_spmd.spec import JobSpec, SpecError
 
 from .. import names
@@ -96,6 +97,8 @@ class PodInfo:
             older operator version).
         replacement: 0 for a pod of the gang; n for the n-th pod created alone in place of a
             lost one of the same index (label ``spmd.monarch.dev/replacement``).
+        joins: for a replacement, the round its processes first join (its trainer's
+            MONARCH_SPMD_RESTART_COUNT); None for a pod of the gang.
     """
 
     name: str
@@ -116,6 +119,7 @@ class PodInfo:
     ip: str | None = None
     agent_port: int | None = None
     replacement: int = 0
+    joins: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -188,7 +192,21 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo | None:
         ip=status.get("podIP") or None,
         agent_port=_agent_port(body.get("spec") or {}),
         replacement=max(0, replacement),
+        joins=_joins(body.get("spec") or {}) if replacement > 0 else None,
     )
+
+
+def _joins(spec: Mapping[str, Any]) -> int | None:
+    """The round a replacement's processes first join: its trainer's MONARCH_SPMD_RESTART_COUNT."""
+    for c in spec.get("containers") or []:
+        if c.get("name") == names.CONTAINER_NAME:
+            for e in c.get("env") or []:
+                if e.get("name") == RESTART_COUNT_VAR:
+                    try:
+                        return int(e.get("value"))
+                    except (TypeError, ValueError):
+                        return None
+    return None
 
 
 def _agent_port(spec: Mapping[str, Any]) -> int | None:

@@ -404,3 +404,44 @@ def test_the_kubelets_reason_wins_over_a_plain_signal_in_the_verdict():
     new = apply(st, run(s=spec(mesh=[{"name": "hosts", "size": 1}], restartPolicy={"maxRestarts": 0}), st=st,
                         pods=pods, coordinator=view(round_=0, phase="failed", final=final, connected=False)))
     assert (new["failure"]["reason"], new["failure"]["exitCode"]) == ("OOMKilled", 137)
+
+
+def test_the_coordinators_signal_gives_way_to_the_kubelets_error_as_when_read_from_the_pods():
+    """Killed by SIGKILL: the verdict says Signal, the ended pod Error; once the pod ended the status
+    reads the same whichever word the operator heard first (the pods' last lines say Error)."""
+    st = status("Running")
+    final = {"type": "failed", "round": 0, "rank": 1, "member": 1, "exit_code": 137, "rank_exit_code": 137,
+             "reason": "Signal", "message": "rank 1 was killed by SIGKILL (exit code 137)", "tail": ["hi rank 1"],
+             "permanent": False, "exhausted": True, "fallback": False}
+    line = "monarch-spmd worker: rank 1 exited with code 137 in restart 0; job failed: restarts used up (0 of 0)"
+    pods = [pod(0, "Failed", exit_code=137, reason="Error", message=f"hi rank 0\n{line}"),
+            pod(1, "Failed", exit_code=137, reason="Error", message=f"hi rank 1\n{line}")]
+    s = spec(mesh=[{"name": "procs", "size": 2}], restartPolicy={"maxRestarts": 0})
+    heard = apply(st, run(s=s, st=st, pods=pods, coordinator=view(round_=0, phase="failed", final=final,
+                                                                   connected=False)))
+    unheard = apply(st, run(s=s, st=st, pods=pods))
+    assert (heard["failure"]["rank"], heard["failure"]["reason"]) == (1, "Error")
+    assert (unheard["failure"]["rank"], unheard["failure"]["reason"]) == (1, "Error")
+
+
+def test_a_lost_members_restart_heard_after_its_replacement_was_created_names_the_lost_pod():
+    """The pod went and was replaced (the round was running: the replacement joins the next) before
+    the coordinator's word of the loss came: the restart names the deleted pod, not its replacement."""
+    st = status("Running")
+    gone = dataclasses.replace(pod(2, "Failed", exit_code=143), deleting=True)
+    replacement = dataclasses.replace(pod(2), name=names.pod_name(JOB, 0, 2, 1), replacement=1, joins=1)
+    pods = [p for p in gang("Running") if p.rank != 2] + [replacement]
+    lost = restart_event(rank=None, member=2, code=None, reason="MemberLost", tail=[],
+                         message="member 2's agent is gone (Disconnected)", received=T - 0.5)
+    plan = run(st=st, pods=pods, gone=[gone], coordinator=view(round_=1, phase="joining", restarts=[lost]))
+    new = apply(st, plan)
+    assert (new["restarts"], new["failure"]["pod"], new["failure"]["reason"]) == (1, pod_name(2), "PodDeleted")
+    assert plan.requeue_after is None or plan.requeue_after > 2, "no wait: the lost pod is known"
+    # The replacement itself lost in the round it joined: it is the one named.
+    again = restart_event(next_round=2, rank=None, member=2, code=None, reason="MemberLost", tail=[],
+                          message="member 2's agent is gone (Disconnected)")
+    st2 = dict(new, phase="Running")
+    ended = dataclasses.replace(replacement, phase="Failed", exit_code=143, deleting=True)
+    plan = run(st=st2, pods=[p for p in pods if p.rank != 2] + [ended], gone=[gone],
+               coordinator=view(round_=2, phase="joining", restarts=[lost, again]))
+    assert apply(st2, plan)["failure"]["pod"] == names.pod_name(JOB, 0, 2, 1)
