@@ -710,10 +710,14 @@ def main(argv: list[str] | None = None) -> int:
                                  sample_seconds=args.sample_seconds, log_dir=log_dir,
                                  profile_dir=Path(args.profile) if args.profile else None)
                 runs.append(rec)
-                brief = (f"jobs Running {rec.get('jobs_running_s', 0):.1f}s, idle {(rec.get('idle') or {}).get('requests')} "
-                         f"requests, gone {(rec.get('delete') or {}).get('children_gone_s', 0):.1f}s"
+                # Each trial's record is kept as it ends: a run stopped later still has it.
+                kept = log_dir / f"{scenario}-{actor}.json"
+                kept.write_text(json.dumps(rec, indent=1, default=str))
+                idle = (rec.get("requests") or {}).get("idle") or {}
+                brief = (f"jobs Running {rec.get('jobs_running_s', 0):.1f}s, idle {idle.get('total')} "
+                         f"requests {idle.get('by_verb')}, gone {(rec.get('delete') or {}).get('children_gone_s', 0):.1f}s"
                          if rec["ok"] else f"FAILED: {rec.get('error')}")
-                print(f"  {scenario} {actor}: {brief}", file=sys.stderr, flush=True)
+                print(f"  {scenario} {actor}: {brief} ({kept})", file=sys.stderr, flush=True)
         if "fairness" in args.scenarios:
             for actor in args.fairness_actors:
                 rec = fairness_trial(cluster, actor, args.fairness_large, args.fairness_small, args.fairness_delay,

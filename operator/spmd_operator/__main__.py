@@ -51,7 +51,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--check-seconds", type=float, default=None, metavar="S",
-        help="how often each job GETs its own object from the API server (default 600; spread over the period)",
+        help="how often each job GETs its own object from the API server (default 1800; each check at a random "
+             "point of the second half of the period)",
     )
     parser.add_argument(
         "--metrics-port", type=int, default=None, metavar="PORT",

@@ -528,6 +528,50 @@ def test_periodic_passes_read_the_caches_and_each_job_gets_itself_once_per_check
         "one GET of the job (its check on activation), nothing else"
 
 
+def test_jobs_checked_together_check_again_spread_over_the_second_half_of_the_period():
+    """1,000 jobs created together each GET themselves on their first pass: their next checks must
+    not all fall at the same moment (a burst of 1,000 GETs ten minutes later)."""
+    api = FakeApi(job_body())
+    c, _ = make(api)
+    c.check_seconds = 1000.0
+    loops = [controller.JobLoop(key=JOB.key, body=json.loads(json.dumps(api.job))) for _ in range(200)]
+
+    async def scenario():
+        now = asyncio.get_running_loop().time()
+        for loop in loops:
+            await c.resync(loop)
+        return now
+
+    start = asyncio.run(scenario())
+    due = sorted(loop.next_check - start for loop in loops)
+    assert 500.0 <= due[0] and due[-1] <= 1001.0, due
+    assert due[-1] - due[0] > 300.0, "spread over the half period, not at one moment"
+    assert not any(loop.check_now for loop in loops)
+
+
+def test_forgetting_jobs_hands_freed_memory_back_once_a_little_later(monkeypatch):
+    trims = []
+    real = controller.trim_memory
+    monkeypatch.setattr(controller, "trim_memory", lambda: trims.append(asyncio.get_running_loop().time()) or True)
+    monkeypatch.setattr(controller, "TRIM_DELAY_SECONDS", 0.05)
+    api = FakeApi(job_body())
+    c, loop = make(api)
+    other = controller.JobLoop(key=("default", "other"), body=json.loads(json.dumps(api.job)))
+    c.jobs[other.key] = other
+
+    async def scenario():
+        c.forget(("default", "never-known"))
+        await asyncio.sleep(0.1)
+        assert trims == [], "nothing went: nothing to hand back"
+        c.forget(loop.key)
+        c.forget(other.key)
+        await asyncio.sleep(0.2)
+
+    asyncio.run(scenario())
+    assert len(trims) == 1, "two jobs forgotten together: one trim"
+    assert real() is True, "glibc's malloc_trim is there on this platform"
+
+
 # --- item 8: conflict-safe writes to Kueue's Workload; Events of cut-short passes ---------------
 
 
