@@ -57,6 +57,9 @@ def test_many_jobs_smoke(pytorchjob_build, jobset_build, tmp_path: Path) -> None
         d = run["delete"]
         assert d["children_gone_s"] >= d["pods_gone_s"] > 0
         assert run["samples"], actor
+    for actor, run in runs.items():  # each trial's record, kept as the trial ended
+        kept = json.loads((tmp_path / "state" / "logs" / f"many-{actor}.json").read_text())
+        assert (kept["actor"], kept["jobs_running_s"]) == (actor, run["jobs_running_s"])
     # The floor makes exactly one request per pod, all of them creations: the counter is exact.
     assert runs["floor"]["requests"]["start"]["by_verb"] == {"create": pods}
     assert "idle" not in runs["floor"]
