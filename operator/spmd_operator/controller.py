@@ -310,6 +310,8 @@ class Controller:
         """Stops every loop and informer (operator shutdown)."""
         await self.deactivate()
         self.jobs.clear()
+        if self._trim_task is not None:
+            self._trim_task.cancel()
         for inf in self.informers:
             await inf.stop()
 
