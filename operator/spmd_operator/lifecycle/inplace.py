@@ -140,16 +140,13 @@ def _lost_pod(p: Pass, member: int, failed_round: int | None = None) -> PodInfo 
         older = pod.replacement
     elif pod is not None:
         return pod if pod.deleting or pod.finished or pod.phase == "Unknown" else None
-    gone = [g for g in (*p.o.gone, *p.o.pods) if g.restart == p.gang and p.index(g) == member
+    # A pod still listed comes first: max keeps the first of equal replacements.
+    gone = [g for g in (*p.o.pods, *p.o.gone) if g.restart == p.gang and p.index(g) == member
             and (older is None or g.replacement < older)]
     if gone:
-        return max(gone, key=lambda g: (g.replacement, g in p.o.pods))
-    if older is not None:
-        return PodInfo(name=names.pod_name(p.o.job, p.gang, member, older - 1), rank=member * p.procs_per_pod,
-                       restart=p.gang, phase=FAILED, reason=REASON_POD_MISSING,
-                       message="the pod disappeared while the job was running")
-    return PodInfo(name=names.pod_name(p.o.job, p.gang, member), rank=member * p.procs_per_pod, restart=p.gang,
-                   phase=FAILED, reason=REASON_POD_MISSING,
+        return max(gone, key=lambda g: g.replacement)
+    return PodInfo(name=names.pod_name(p.o.job, p.gang, member, older - 1 if older else 0),
+                   rank=member * p.procs_per_pod, restart=p.gang, phase=FAILED, reason=REASON_POD_MISSING,
                    message="the pod disappeared while the job was running")
 
 

@@ -196,26 +196,29 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo | None:
     )
 
 
-def _joins(spec: Mapping[str, Any]) -> int | None:
-    """The round a replacement's processes first join: its trainer's MONARCH_SPMD_RESTART_COUNT."""
+def _trainer(spec: Mapping[str, Any]) -> Mapping[str, Any]:
     for c in spec.get("containers") or []:
         if c.get("name") == names.CONTAINER_NAME:
-            for e in c.get("env") or []:
-                if e.get("name") == RESTART_COUNT_VAR:
-                    try:
-                        return int(e.get("value"))
-                    except (TypeError, ValueError):
-                        return None
+            return c
+    return {}
+
+
+def _joins(spec: Mapping[str, Any]) -> int | None:
+    """The round a replacement's processes first join: its trainer's MONARCH_SPMD_RESTART_COUNT."""
+    for e in _trainer(spec).get("env") or []:
+        if e.get("name") == RESTART_COUNT_VAR:
+            try:
+                return int(e.get("value"))
+            except (TypeError, ValueError):
+                return None
     return None
 
 
 def _agent_port(spec: Mapping[str, Any]) -> int | None:
     """The trainer's container port named ``spmd-agent`` (the restart-in-place coordinator's)."""
-    for c in spec.get("containers") or []:
-        if c.get("name") == names.CONTAINER_NAME:
-            for port in c.get("ports") or []:
-                if port.get("name") == names.AGENT_PORT_NAME and isinstance(port.get("containerPort"), int):
-                    return int(port["containerPort"])
+    for port in _trainer(spec).get("ports") or []:
+        if port.get("name") == names.AGENT_PORT_NAME and isinstance(port.get("containerPort"), int):
+            return int(port["containerPort"])
     return None
 
 
