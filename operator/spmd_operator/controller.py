@@ -80,11 +80,10 @@ DEFAULT_RESYNC_SECONDS: Final = 60.0
 DEFAULT_CHECK_SECONDS: Final = 1800.0
 #: How long a pass that was not allowed to write (fenced) waits before it tries again.
 FENCED_RETRY_SECONDS: Final = 1.0
-#: How long a pod this operator created is trusted to exist before the informer shows it.
+#: How long a child this operator created is trusted to exist before the informer shows it
+#: (counted from the server's answer). A deletion the watch shows ends it at once, so one
+#: deleted before the informer ever showed it is created again without waiting this long.
 CREATED_MEMORY_SECONDS: Final = 30.0
-#: The same for a Service, ConfigMap, PodGroup or Workload: short, because one that was deleted
-#: before the informer ever showed it must be created again within seconds.
-CHILD_MEMORY_SECONDS: Final = 3.0
 #: Waits after a failed pass, growing to the last one.
 ERROR_BACKOFF_SECONDS: Final = (2.0, 5.0, 15.0, 30.0, 60.0)
 #: A status patch that only moves progress (running counts, a waiting message) is written at most
@@ -260,10 +259,12 @@ class Controller:
         self.events = events.EventRecorder(api, self.instance)
         ns = list(namespaces) if namespaces else None
         self.pods: informer.Informer[lifecycle.PodInfo] = self._informer(kube.pods_url, lifecycle.pod_info, "pods", ns)
+        # Services and ConfigMaps are summarized from their metadata (lifecycle.child_info), so
+        # that is all their informers ask for: a job's ConfigMap carries the 160 KB payload.
         self.services: informer.Informer[lifecycle.ChildInfo] = self._informer(
-            kube.services_url, lifecycle.child_info, "services", ns)
+            kube.services_url, lifecycle.child_info, "services", ns, metadata=True)
         self.configmaps: informer.Informer[lifecycle.ChildInfo] = self._informer(
-            kube.configmaps_url, lifecycle.child_info, "configmaps", ns)
+            kube.configmaps_url, lifecycle.child_info, "configmaps", ns, metadata=True)
         self.informers: list[informer.Informer[Any]] = [self.pods, self.services, self.configmaps]
         self.namespaces = ns
         #: Informers of optional APIs (PodGroups, Kueue Workloads), started when a job first needs one.
@@ -315,9 +316,11 @@ class Controller:
         for inf in self.informers:
             await inf.stop()
 
-    def _informer(self, collection: Any, summarize: Any, name: str, namespaces: list[str] | None) -> informer.Informer[Any]:
+    def _informer(self, collection: Any, summarize: Any, name: str, namespaces: list[str] | None, *,
+                  metadata: bool = False) -> informer.Informer[Any]:
         return informer.Informer(self.api, collection, summarize, namespaces=namespaces, on_change=self._wake_all,
-                                 name=name, on_synced=self._relisted, keep=lambda key: key in self.jobs)
+                                 name=name, on_synced=self._relisted, keep=lambda key: key in self.jobs,
+                                 metadata=metadata)
 
     def optional_informer(self, api: tuple[str, str, str], summarize: Any) -> informer.Informer[Any]:
         """The informer of an optional API (its CRD may not even exist), started on first use."""
@@ -753,39 +756,46 @@ class Controller:
         loop.created = {n: t for n, t in loop.created.items() if clock - t < CREATED_MEMORY_SECONDS}
 
     async def _ensure_configmap(self, loop: JobLoop, job: JobRef, *, stale: bool) -> None:
-        """Creates the payload ConfigMap, or rewrites one of an older payload."""
+        """Creates the payload ConfigMap, or rewrites one of an older payload (the informer showed
+        it stale, or its name was taken by one of ours from an older operator)."""
         configmap = builders.build_worker_configmap(job, self.worker_files)
         name = configmap["metadata"]["name"]
+        annotations = configmap["metadata"]["annotations"]
         if not stale:
-            if await self._ensure(loop, kube.configmaps_url(job.namespace), configmap, job):
-                return
+            existing = await self._ensure(loop, kube.configmaps_url(job.namespace), configmap, job)
+            if existing is None or ((existing.get("metadata") or {}).get("annotations") or {}).get(
+                    names.PAYLOAD_HASH_ANNOTATION) == annotations[names.PAYLOAD_HASH_ANNOTATION]:
+                return  # created now or moments ago, or found current
         await self.api.patch(kube.configmaps_url(job.namespace, name),
-                             {"metadata": {"annotations": configmap["metadata"]["annotations"]}, "data": configmap["data"]},
+                             {"metadata": {"annotations": annotations}, "data": configmap["data"]},
                              owner=loop.key)
 
-    async def _ensure(self, loop: JobLoop, collection: str, body: dict[str, Any], job: JobRef) -> bool:
-        """Creates a child unless this loop just did; True if it was created now.
+    async def _ensure(self, loop: JobLoop, collection: str, body: dict[str, Any], job: JobRef) -> dict[str, Any] | None:
+        """Creates a child unless this loop did within CREATED_MEMORY_SECONDS.
 
-        If its name is taken, checks the holder is ours (an earlier pass) and not a stranger's.
+        Returns:
+            None if it was created now or remembered; if its name was taken, the holder's
+            metadata once it is known to be ours (a stranger's is an error).
         """
         name = body["metadata"]["name"]
         when = loop.created.get(name)
-        if when is not None and asyncio.get_running_loop().time() - when < CHILD_MEMORY_SECONDS:
-            return False
+        if when is not None and asyncio.get_running_loop().time() - when < CREATED_MEMORY_SECONDS:
+            return None
         try:
-            created = await self.api.create(collection, body, owner=loop.key) is not None
+            created = await self.api.create(collection, body, keep=False, owner=loop.key) is not None
         except kube.KubeError as e:
             refusal = refusal_of(e, body)
             if refusal is not None:
                 raise Refused(refusal) from e
             raise
+        existing = None
         if not created:
-            existing = await self.api.get(f"{collection}/{name}")
+            existing = await self.api.get(f"{collection}/{name}", metadata=True)
             if existing is not None and names.owner_uid(existing) != job.uid:
                 raise kube.KubeError(409, f"{body['kind']} {name} exists and belongs to another object; "
                                      "delete it so the job can create its own", path=collection)
         loop.created[name] = asyncio.get_running_loop().time()
-        return created
+        return existing
 
     async def _create_pods(self, loop: JobLoop, job: JobRef, spec: Any, plan: lifecycle.Plan,
                            flavors: list[dict[str, Any]]) -> lifecycle.Refusal | None:
@@ -795,7 +805,6 @@ class Controller:
             The API server's refusal of the lowest-ranked pod it refused (400, 403, 422), else None.
         """
         ns = job.namespace
-        clock = asyncio.get_running_loop().time()
         wanted = [(r, 0) for r in plan.create] + list(plan.replace)
         ranks = [(r, n) for r, n in wanted if names.pod_name(job, plan.restart, r, n) not in loop.created]
         # A pod is built only when its request may go: thousands of pod bodies never sit in memory
@@ -811,6 +820,9 @@ class Controller:
                 return await self.api.create(kube.pods_url(ns), pod, keep=False, owner=loop.key)
 
         results = await asyncio.gather(*(create(r, n) for r, n in ranks), return_exceptions=True)
+        # Remembered from the answers, not from when the pass began: under load a pod's request
+        # may wait its turn among other jobs' writes for longer than the memory lasts.
+        clock = asyncio.get_running_loop().time()
         taken: list[str] = []
         refused: lifecycle.Refusal | None = None
         for i, ((rank, replacement), result) in enumerate(zip(ranks, results)):
@@ -835,7 +847,7 @@ class Controller:
 
     async def _check_taken(self, loop: JobLoop, job: JobRef, taken: list[str]) -> None:
         """Pods whose names were taken: ours (created by an earlier pass) or, rarely, a stranger's."""
-        existing = await asyncio.gather(*(self.api.get(kube.pods_url(job.namespace, n)) for n in taken))
+        existing = await asyncio.gather(*(self.api.get(kube.pods_url(job.namespace, n), metadata=True) for n in taken))
         strangers = [n for n, body in zip(taken, existing) if body is not None and names.owner_uid(body) != job.uid]
         new = [n for n in strangers if n not in loop.foreign_reported]
         if new:

@@ -65,6 +65,8 @@ class Informer(Generic[T]):
         name: for logs.
         on_synced: called after every completed list (the first, and each re-list).
         keep: whether tombstones of job key are worth keeping (the job is still known).
+        metadata: list and watch the objects' metadata only (``summarize`` reads nothing else):
+            what a large object carries besides is then neither sent nor decoded.
 
     Attributes:
         ready: set once every namespace was listed the first time.
@@ -75,8 +77,10 @@ class Informer(Generic[T]):
     def __init__(self, api: kube.Kube, collection: Callable[[str | None], str],
                  summarize: Callable[[Mapping[str, Any]], T | None], *,
                  namespaces: Iterable[str] | None, on_change: Callable[[set[JobKey]], None], name: str,
-                 on_synced: Callable[[], None] | None = None, keep: Callable[[JobKey], bool] | None = None) -> None:
+                 on_synced: Callable[[], None] | None = None, keep: Callable[[JobKey], bool] | None = None,
+                 metadata: bool = False) -> None:
         self.api = api
+        self.metadata = metadata
         self.collection = collection
         self.summarize = summarize
         self.on_change = on_change
@@ -207,7 +211,7 @@ class Informer(Generic[T]):
         """The summaries of a fresh list of ``path``, page by page, and the list's resourceVersion."""
         fresh: dict[JobKey, dict[str, tuple[str | None, T]]] = {}
         version = ""
-        async for items, version in self.api.pages(path, label_selector=label_selector):
+        async for items, version in self.api.pages(path, label_selector=label_selector, metadata=self.metadata):
             for body in items:
                 entry = self._entry(body)
                 if entry is not None:
@@ -252,7 +256,8 @@ class Informer(Generic[T]):
                         self.on_change(changed)
                     if self.on_synced is not None and self.synced:
                         self.on_synced()
-                async for kind, body in self.api.watch(path, resource_version=version, label_selector=names.LABEL_JOB):
+                async for kind, body in self.api.watch(path, resource_version=version, label_selector=names.LABEL_JOB,
+                                                       metadata=self.metadata):
                     errors = 0
                     changed = set()
                     if kind == "ERROR":

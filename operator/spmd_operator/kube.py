@@ -55,6 +55,10 @@ logger = logging.getLogger(__name__)
 #: Concurrent requests of the whole operator (creations and deletions of every job together).
 DEFAULT_CONCURRENCY: Final = 48
 MERGE_PATCH: Final = "application/merge-patch+json"
+#: What to ask for when only an object's metadata is wanted: the API server answers with a
+#: PartialObjectMetadata (a ConfigMap's 160 KB payload is neither sent nor decoded).
+METADATA: Final = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+METADATA_LIST: Final = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 #: Seconds a single request may take (watches have their own, longer, limits).
 REQUEST_TIMEOUT: Final = 60.0
 #: Retries of a request that failed with 429, a 5xx or no answer at all, and their back-off.
@@ -405,10 +409,12 @@ class Kube:
 
     async def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
                       body: Any = None, content_type: str = "application/json", decode: bool = True,
-                      timeout: float = REQUEST_TIMEOUT, retries: int = RETRIES, fenced: bool = False) -> Any:
+                      timeout: float = REQUEST_TIMEOUT, retries: int = RETRIES, fenced: bool = False,
+                      accept: str | None = None) -> Any:
         """One request; returns the decoded JSON answer (``decode=False``: True, the answer unread).
         Retries 429, 5xx and lost connections ``retries`` times; each attempt is bounded by
-        ``timeout`` seconds. With ``fenced`` every attempt first asks the fence.
+        ``timeout`` seconds. With ``fenced`` every attempt first asks the fence. ``accept``
+        replaces the Accept header (:data:`METADATA`: the object's metadata only).
 
         Raises:
             KubeError: any other failure, or the last one once the retries are used up.
@@ -423,6 +429,8 @@ class Kube:
                 self._fence(method, path)
             session = self._open()
             headers = {**self._headers, "Content-Type": content_type}
+            if accept:
+                headers["Accept"] = accept
             if fenced:
                 headers[_FENCE_HEADER] = "1"
             try:
@@ -452,18 +460,20 @@ class Kube:
             await asyncio.sleep(RETRY_BACKOFF[min(attempt, len(RETRY_BACKOFF) - 1)])
             attempt += 1
 
-    async def get(self, path: str) -> dict[str, Any] | None:
-        """The object at ``path``, or None when it does not exist (404)."""
+    async def get(self, path: str, *, metadata: bool = False) -> dict[str, Any] | None:
+        """The object at ``path`` (``metadata``: its kind and metadata only), or None when it does
+        not exist (404)."""
         try:
-            return await self.request("GET", path)
+            return await self.request("GET", path, accept=METADATA if metadata else None)
         except KubeError as e:
             if e.status == 404:
                 return None
             raise
 
-    async def pages(self, path: str, *, label_selector: str | None = None,
-                    limit: int = 500) -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
-        """The collection ``path`` a page at a time: ``(items, resourceVersion of the list)``.
+    async def pages(self, path: str, *, label_selector: str | None = None, limit: int = 500,
+                    metadata: bool = False) -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
+        """The collection ``path`` a page at a time: ``(items, resourceVersion of the list)``;
+        ``metadata``: each item's metadata only.
 
         A caller that keeps only a summary of each object never holds thousands of them at once.
         """
@@ -471,7 +481,7 @@ class Kube:
         if label_selector:
             query["labelSelector"] = label_selector
         while True:
-            page = await self.request("GET", path, query=query)
+            page = await self.request("GET", path, query=query, accept=METADATA_LIST if metadata else None)
             meta = page.get("metadata") or {}
             yield page.get("items") or [], str(meta.get("resourceVersion") or "")
             if not meta.get("continue"):
@@ -526,8 +536,9 @@ class Kube:
         return True
 
     async def watch(self, path: str, *, resource_version: str, label_selector: str | None = None,
-                    timeout_seconds: int = 270) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        """Streams ``(type, object)`` watch events of the collection ``path`` from ``resource_version``.
+                    timeout_seconds: int = 270, metadata: bool = False) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Streams ``(type, object)`` watch events of the collection ``path`` from ``resource_version``
+        (``metadata``: each object's metadata only).
 
         Types are ADDED, MODIFIED, DELETED, BOOKMARK and ERROR (the object is then a Status: 410
         means the version is too old and the caller must list again). The stream ends when the
@@ -539,7 +550,8 @@ class Kube:
             query["labelSelector"] = label_selector
         timeout = aiohttp.ClientTimeout(total=None, connect=30, sock_connect=30, sock_read=timeout_seconds + 30)
         session = self._open()
-        async with session.get(path.lstrip("/"), params=query, headers=self._headers, timeout=timeout) as response:
+        headers = {**self._headers, "Accept": METADATA} if metadata else self._headers
+        async with session.get(path.lstrip("/"), params=query, headers=headers, timeout=timeout) as response:
             self._count("watch", response.status)
             if response.status != 200:
                 error = _error(response.status, await response.text(), path)

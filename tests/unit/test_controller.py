@@ -56,14 +56,17 @@ class FakeApi:
         self.objects[key] = obj
         return obj
 
-    async def get(self, path):
-        self.calls.append(("get", path, None))
+    async def get(self, path, *, metadata=False):
+        self.calls.append(("get", path, "metadata" if metadata else None))
         if path.endswith(f"/namespaces/{JOB.namespace}"):
             return self.namespace
         if path.endswith(f"/spmdjobs/{JOB.name}"):
             return json.loads(json.dumps(self.job))
         collection, _, name = path.rpartition("/")
-        return copy.deepcopy(self.objects.get((collection, name)))
+        obj = copy.deepcopy(self.objects.get((collection, name)))
+        if obj is not None and metadata:  # what the server sends for a PartialObjectMetadata
+            return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
+        return obj
 
     async def list(self, path, *, label_selector=None):
         self.calls.append(("list", path, None))
@@ -74,11 +77,11 @@ class FakeApi:
                  if in_collection(p, path) and (not key or (labels(o).get(key) == value if eq else key in labels(o)))]
         return items, "1"
 
-    async def pages(self, path, *, label_selector=None, limit=500):
+    async def pages(self, path, *, label_selector=None, limit=500, metadata=False):
         items, version = await self.list(path, label_selector=label_selector)
         yield items, version
 
-    async def watch(self, path, *, resource_version, label_selector=None, timeout_seconds=270):
+    async def watch(self, path, *, resource_version, label_selector=None, timeout_seconds=270, metadata=False):
         """A watch that stays quiet (what the test does not script does not happen)."""
         await asyncio.Event().wait()
         yield "BOOKMARK", {}
@@ -303,6 +306,57 @@ def test_a_stale_configmap_is_brought_up_to_date():
     run_pass(c, loop)
     assert api.objects[cm_key]["data"] == FILES
     assert api.objects[cm_key]["metadata"]["annotations"][names.PAYLOAD_HASH_ANNOTATION] == builders.payload_hash(FILES)
+
+
+def configmap_writes(api):
+    return [(verb, name) for verb, path, name in api.calls
+            if (verb in ("create", "patch") and "/configmaps" in path)]
+
+
+def test_a_configmap_created_moments_ago_is_neither_posted_nor_patched_again():
+    api = FakeApi(job_body())
+    c, loop = make(api)
+    run_pass(c, loop)
+    run_pass(c, loop)  # the informer has not shown the ConfigMap yet: the plan asks for it again
+    run_pass(c, loop)
+    assert configmap_writes(api) == [("create", names.configmap_name(JOB))], \
+        "one POST; a ConfigMap this loop just created with the current payload is not rewritten"
+
+
+@pytest.mark.parametrize("payload, rewritten", [("current", False), ("old", True)])
+def test_our_configmap_found_by_its_taken_name_is_rewritten_only_when_its_payload_is_older(payload, rewritten):
+    api = FakeApi(job_body())
+    existing = builders.build_worker_configmap(JOB, FILES if payload == "current" else {"worker.py": "old"})
+    cm_key = (kube.configmaps_url("ns"), names.configmap_name(JOB))
+    api.objects[cm_key] = existing  # left by an earlier operator; the informer has not shown it
+    c, loop = make(api)
+    run_pass(c, loop)
+    assert ("get", "/".join(cm_key), "metadata") in api.calls, "the holder is read as metadata only"
+    patched = [w for w in configmap_writes(api) if w[0] == "patch"]
+    assert bool(patched) == rewritten
+    assert api.objects[cm_key]["data"] == FILES
+
+
+def test_pods_whose_creation_waited_its_turn_are_remembered_from_the_answer(monkeypatch):
+    monkeypatch.setattr(controller, "CREATED_MEMORY_SECONDS", 0.2)
+    api = FakeApi(job_body())
+    create = api.create
+
+    async def slow_pods(path, body, **kwargs):
+        if path.endswith("/pods"):
+            await asyncio.sleep(0.3)  # queued behind other jobs' writes for longer than the memory
+        return await create(path, body, **kwargs)
+
+    api.create = slow_pods
+    c, loop = make(api)
+
+    async def two_passes():
+        await c.reconcile_once(loop, now=NOW)
+        await c.reconcile_once(loop, now=NOW)  # the informer has not shown the pods yet
+
+    asyncio.run(two_passes())
+    assert len(api.posted("pods")) == 4, "no pod POSTed again (each would be a 409 and a GET)"
+    assert not [call for call in api.calls if call[0] == "get" and "/pods/" in call[1]]
 
 
 def test_the_loop_ignores_watch_versions_older_than_its_own_write():

@@ -34,16 +34,19 @@ class ScriptedApi:
         self.listed = 0
         self.watches = 0
         self.events: asyncio.Queue = asyncio.Queue()
+        self.metadata: list[tuple[str, bool]] = []  # (list or watch, metadata only?)
 
-    async def pages(self, path, label_selector=None):
+    async def pages(self, path, label_selector=None, metadata=False):
         self.listed += 1
+        self.metadata.append(("list", metadata))
         answer = self.lists.pop(0) if len(self.lists) > 1 else self.lists[0]
         if isinstance(answer, Exception):
             raise answer
         yield answer, "10"
 
-    async def watch(self, path, *, resource_version, label_selector=None):
+    async def watch(self, path, *, resource_version, label_selector=None, metadata=False):
         self.watches += 1
+        self.metadata.append(("watch", metadata))
         while True:
             event = await self.events.get()
             if event is None:
@@ -101,6 +104,21 @@ def test_a_watch_the_server_closes_is_opened_again_without_a_list():
         await inf.stop()
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("metadata", [False, True])
+def test_an_informer_of_metadata_lists_and_watches_metadata_only(metadata):
+    async def go():
+        api = ScriptedApi([pod("a-0")])
+        inf = make(api, metadata=metadata)
+        inf.start()
+        await settle()
+        api.events.put_nowait(None)  # the server ends the watch: it is opened again the same way
+        await settle()
+        await inf.stop()
+        return api.metadata
+
+    assert asyncio.run(go()) == [("list", metadata), ("watch", metadata), ("watch", metadata)]
 
 
 def test_a_broken_watch_makes_it_unsynced_until_the_next_list(monkeypatch):
