@@ -175,9 +175,11 @@ class Observer:
             except asyncio.CancelledError:
                 raise
             except (OSError, asyncio.TimeoutError, rendezvous.ProtocolError, ConnectionError, ValueError) as e:
-                self.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-                self._view = None
-                self.wake()
+                error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                if error != self.error:  # the same failure again changes nothing the job's pass reads
+                    self.error = error
+                    self._view = None
+                    self.wake()
             finally:
                 if self.connected:
                     self.connected = False

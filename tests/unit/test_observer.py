@@ -186,6 +186,33 @@ def test_an_address_that_does_not_answer_is_tried_again_with_back_off(monkeypatc
     asyncio.run(scenario())
 
 
+def test_the_same_failure_again_does_not_wake_the_jobs_loop(monkeypatch):
+    """A coordinator that cannot be reached (a NetworkPolicy, a simulated node) is tried again
+    every 30 s for as long as the gang runs: only a change of what is heard may cost a pass."""
+    monkeypatch.setattr(observer, "RECONNECT_SECONDS", (0.02,))
+    port = socket.create_server(("127.0.0.1", 0))
+    closed = port.getsockname()[1]
+    port.close()
+    tries, wakes = [], []
+    connect = asyncio.open_connection
+
+    async def counted(*args, **kwargs):
+        tries.append(1)
+        return await connect(*args, **kwargs)
+
+    monkeypatch.setattr(observer.asyncio, "open_connection", counted)
+
+    async def scenario():
+        o = observer.Observer(("pod-0", "uid-0"), "127.0.0.1", closed, lambda: wakes.append(1))
+        o.start()
+        await until(lambda: len(tries) >= 5, what="five refused connections")
+        o.stop()
+        return o.error
+
+    assert "ConnectionRefused" in asyncio.run(scenario())
+    assert len(wakes) == 1, f"{len(tries)} refusals woke the loop {len(wakes)} times"
+
+
 # --- the controller --------------------------------------------------------------------------------
 
 
