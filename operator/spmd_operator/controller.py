@@ -760,14 +760,12 @@ class Controller:
         it stale, or its name was taken by one of ours from an older operator)."""
         configmap = builders.build_worker_configmap(job, self.worker_files)
         name = configmap["metadata"]["name"]
-        annotations = configmap["metadata"]["annotations"]
         if not stale:
             existing = await self._ensure(loop, kube.configmaps_url(job.namespace), configmap, job)
-            if existing is None or ((existing.get("metadata") or {}).get("annotations") or {}).get(
-                    names.PAYLOAD_HASH_ANNOTATION) == annotations[names.PAYLOAD_HASH_ANNOTATION]:
+            if existing is None or lifecycle.child_info(existing).payload_hash == self.payload_hash:
                 return  # created now or moments ago, or found current
         await self.api.patch(kube.configmaps_url(job.namespace, name),
-                             {"metadata": {"annotations": annotations}, "data": configmap["data"]},
+                             {"metadata": {"annotations": configmap["metadata"]["annotations"]}, "data": configmap["data"]},
                              owner=loop.key)
 
     async def _ensure(self, loop: JobLoop, collection: str, body: dict[str, Any], job: JobRef) -> dict[str, Any] | None:
