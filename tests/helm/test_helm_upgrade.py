@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
+from kubernetes import watch as kube_watch
 
 from devcluster import KWOK_TOLERATION
 from helm_support import (CHART, CRD_RULE, GANG_CLUSTER_RULES, GANG_RULES, LEASE_RULE, NAMESPACE_GET_RULE,
@@ -200,8 +201,12 @@ def parse_time(text: str) -> dt.datetime:
 
 
 class LeaseWatch:
-    """Polls the Lease in a thread and keeps every change of holder: (seconds since the epoch it
-    was seen, holder, renewTime, acquireTime)."""
+    """Watches the Lease in a thread and keeps every change of holder: (seconds since the epoch it
+    was seen, holder, renewTime, acquireTime).
+
+    A watch, not polling: the API server sends every update, so a release followed at once by a
+    standby's acquisition (the holder empty for less than one poll) is still in the record.
+    """
 
     def __init__(self, cluster, namespace: str) -> None:
         self.api = client.CoordinationV1Api(cluster.api_client())
@@ -209,23 +214,39 @@ class LeaseWatch:
         self.changes: list[tuple[float, str, dt.datetime | None, dt.datetime | None]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self._version = ""
+        self.error: BaseException | None = None
 
     def __enter__(self) -> "LeaseWatch":
+        lease = self.api.read_namespaced_lease(LEASE, self.namespace)
+        self._record(lease)
+        self._version = lease.metadata.resource_version
         self._thread.start()
         return self
 
     def __exit__(self, *_: object) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
-        self._poll()  # what the caller saw last is in the record too
+        assert self.error is None, f"the Lease watch failed: {self.error!r}"
+        self._record(self.api.read_namespaced_lease(LEASE, self.namespace))  # what the caller saw last too
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self._poll()
-            self._stop.wait(0.1)
+        try:
+            while not self._stop.is_set():
+                # Short server-side timeouts, resumed from the last version seen: no update is missed
+                # between two streams, and the thread notices the stop within about a second.
+                for event in kube_watch.Watch().stream(self.api.list_namespaced_lease, self.namespace,
+                                                  field_selector=f"metadata.name={LEASE}",
+                                                  resource_version=self._version, timeout_seconds=1):
+                    lease = event["object"]
+                    self._version = lease.metadata.resource_version
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self._record(lease)
+        except BaseException as e:  # noqa: BLE001 - reported by __exit__
+            self.error = e
 
-    def _poll(self) -> None:
-        spec = self.api.read_namespaced_lease(LEASE, self.namespace).spec
+    def _record(self, lease: Any) -> None:
+        spec = lease.spec
         holder = spec.holder_identity or ""
         if not self.changes or self.changes[-1][1] != holder:
             self.changes.append((time.time(), holder, spec.renew_time, spec.acquire_time))
