@@ -224,9 +224,11 @@ class LeaseWatch:
         self._thread.start()
         return self
 
-    def __exit__(self, *_: object) -> None:
+    def __exit__(self, exc_type: object, *_: object) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+        if exc_type is not None:
+            return  # the body's own failure is the one to report
         assert self.error is None, f"the Lease watch failed: {self.error!r}"
         self._record(self.api.read_namespaced_lease(LEASE, self.namespace))  # what the caller saw last too
 
@@ -235,13 +237,23 @@ class LeaseWatch:
             while not self._stop.is_set():
                 # Short server-side timeouts, resumed from the last version seen: no update is missed
                 # between two streams, and the thread notices the stop within about a second.
-                for event in kube_watch.Watch().stream(self.api.list_namespaced_lease, self.namespace,
-                                                  field_selector=f"metadata.name={LEASE}",
-                                                  resource_version=self._version, timeout_seconds=1):
-                    lease = event["object"]
+                try:
+                    for event in kube_watch.Watch().stream(self.api.list_namespaced_lease, self.namespace,
+                                                           field_selector=f"metadata.name={LEASE}",
+                                                           resource_version=self._version, timeout_seconds=1,
+                                                           allow_watch_bookmarks=True):
+                        lease = event["object"]
+                        self._version = lease.metadata.resource_version
+                        if event["type"] in ("ADDED", "MODIFIED"):
+                            self._record(lease)
+                except client.ApiException as e:
+                    if e.status != 410:
+                        raise
+                    # Our version fell out of the server's watch window (other Leases, e.g. the
+                    # nodes', churn it): read the Lease again and watch on from there.
+                    lease = self.api.read_namespaced_lease(LEASE, self.namespace)
+                    self._record(lease)
                     self._version = lease.metadata.resource_version
-                    if event["type"] in ("ADDED", "MODIFIED"):
-                        self._record(lease)
         except BaseException as e:  # noqa: BLE001 - reported by __exit__
             self.error = e
 
