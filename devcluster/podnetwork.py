@@ -71,6 +71,8 @@ class Bridge:
         self.name = f"spmdbr{slot}"
         self.subnet = ipaddress.ip_network(f"10.244.{slot}.0/24")
         self.gateway = str(self.subnet[1])
+        #: The gateway's MAC: locally administered, one per slot, set once (see create()).
+        self.mac = f"02:00:0a:f4:{slot:02x}:01"
         self.netns_prefix = f"spmd{slot}-"
         self._free = [str(ip) for ip in self.subnet.hosts()][1:]
         self._lock = threading.Lock()
@@ -86,6 +88,12 @@ class Bridge:
                 continue
             bridge = cls(slot)
             sh("ip", "link", "set", bridge.name, "alias", f"monarch-spmd pid {os.getpid()}")
+            # A bridge whose address was never set takes the lowest address of its ports, so a
+            # pod's veth added or removed can change the gateway's MAC under the other pods: their
+            # cached neighbour entry then names a port that is gone, and their packets to the
+            # gateway (the API proxy) are dropped until the entry expires (seconds to a minute).
+            # A set address never changes.
+            sh("ip", "link", "set", bridge.name, "address", bridge.mac)
             sh("ip", "addr", "add", f"{bridge.gateway}/24", "dev", bridge.name)
             sh("ip", "link", "set", bridge.name, "up")
             # Pods reach each other and the gateway; nothing they send is routed further.
@@ -117,7 +125,7 @@ class Bridge:
         """
         with self._lock:  # round robin: an IP is not handed out again soon after release
             ip = self._free.pop(0)
-        veth = f"veth{self.slot}x{netns[-6:]}"[:15]
+        veth = self.veth_name(netns)
         etc = NETNS_DIR / netns
         etc.mkdir(parents=True, exist_ok=True)
         (etc / "hosts").write_text("")
@@ -132,6 +140,10 @@ class Bridge:
             "link set eth0 up\n"
             f"route add default via {self.gateway}\n"))
         return ip
+
+    def veth_name(self, netns: str) -> str:
+        """The host's end of the pod's veth pair, a port of the bridge."""
+        return f"veth{self.slot}x{netns[-6:]}"[:15]
 
     def remove_pod(self, netns: str, ip: str | None) -> None:
         subprocess.run(["ip", "netns", "del", netns], capture_output=True)  # its veth goes too

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Any
 import pytest
 from devcluster import KWOK_TOLERATION, PROCESS_NODE, LocalCluster
 from devcluster.localcluster import REPO_ROOT
+from devcluster.podnetwork import Bridge
 
 pytestmark = pytest.mark.cluster
 
@@ -393,3 +395,58 @@ def test_volume_over_a_parent_of_the_checkout_keeps_the_project_importable(
     assert pod["status"]["phase"] == "Succeeded", log
     assert "imported" in log and "scratch-marker" in log, log
     assert not (REPO_ROOT.parent / "scratch-marker").exists()  # written to the volume, not the host
+
+
+# --- the pod network itself ---------------------------------------------------------------------
+
+
+def test_a_pod_keeps_reaching_the_gateway_while_other_pods_come_and_go() -> None:
+    """A Linux bridge whose address was never set takes the lowest address of its ports: a pod
+    added with a lower one, then removed, would leave the other pods' cached gateway address
+    naming a port that is gone, and their packets to the API proxy dropped for up to a minute
+    (an operator's Lease release after SIGTERM was lost that way). The gateway's address is set
+    once and never changes; a pod reaches a server on the gateway through every change."""
+    bridge = Bridge.create()
+    server = socket.create_server((bridge.gateway, 0))
+    port = server.getsockname()[1]
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(b"pong")
+
+    threading.Thread(target=serve, daemon=True).start()
+    probe = (f"import socket; s = socket.create_connection(({bridge.gateway!r}, {port}), timeout=3); "
+             "print(s.recv(4).decode())")
+
+    def reaches(netns: str) -> bool:
+        run = subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", probe],
+                             capture_output=True, text=True, timeout=30)
+        return run.returncode == 0 and run.stdout.strip() == "pong"
+
+    def gateway_mac() -> str:
+        return Path(f"/sys/class/net/{bridge.name}/address").read_text().strip()
+
+    try:
+        first = f"{bridge.netns_prefix}00000000aaaa"
+        bridge.add_pod(first)
+        mac = gateway_mac()
+        assert reaches(first)
+        for i in range(3):
+            other = f"{bridge.netns_prefix}{i:012d}"
+            bridge.add_pod(other)
+            # The lowest unicast address there is: an unset bridge address would become this one.
+            subprocess.run(["ip", "link", "set", bridge.veth_name(other), "address", f"02:00:00:00:00:0{i + 1}"],
+                           check=True)
+            assert gateway_mac() == mac
+            assert reaches(first) and reaches(other)
+            bridge.remove_pod(other, None)
+            assert gateway_mac() == mac
+            assert reaches(first), f"the first pod lost the gateway after pod {i} left"
+    finally:
+        server.close()
+        bridge.destroy()
