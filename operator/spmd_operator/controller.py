@@ -158,7 +158,8 @@ class JobLoop:
         created: child name -> when this operator created it (monotonic), so a child the
             informers have not shown yet is not POSTed again within CREATED_MEMORY_SECONDS.
         foreign_reported: names of a namesake's children already reported in an Event.
-        check_now: GET the job from the server before the next pass (activation, a re-list).
+        check_now: GET the job from the server before the next pass (a listed job, activation,
+            a re-list; not a job the leader's watch reported as ADDED).
         next_check: when the next periodic GET is due (loop time).
         observer: restart in place: the connection to the current gang's coordinator (or, once
             its rank-0 pod is gone, what it heard last), None when there is none.
@@ -368,6 +369,11 @@ class Controller:
         if loop is None or loop.uid != meta.get("uid"):
             self.forget(key)
             loop = self.jobs[key] = JobLoop(key=key, body=copy.deepcopy(dict(body)))
+            # A job the watch reports as just ADDED, to the leader, is the server's object as
+            # created: reading it back would only cost its first pass a round trip (a queued
+            # one, while a large job's pods are being created). A listed job (a start, a
+            # re-list) is read first; so is every job when a new term begins (activate).
+            loop.check_now = not (self.active and event_type == "ADDED")
         else:
             loop.accept(body)
         if self.active:
@@ -637,28 +643,31 @@ class Controller:
             left = loop.status_written + PROGRESS_SECONDS - clock
             if left > 0:
                 plan, deferred = dataclasses.replace(plan, status={}), left
-        # The Events first, named after the status this pass starts from: a pass cut short after
-        # them is repeated from the same status and finds them written (409); one cut short
-        # before them writes them when it is repeated. Either way each transition has its Event.
-        await self.events.record(loop.body, plan.events, transition=events.fingerprint(o.status))
-        if plan.status:
-            try:
-                patched = await self.api.patch(kube.job_url(ns, job.name, "status"), {"status": plan.status}, owner=key)
-            except kube.KubeError as e:
-                if e.status == 404:
-                    raise JobGone("it no longer exists on the server") from e
-                raise
-            loop.wrote(patched)
-            loop.status_written = clock
-            self.metrics.transition(o.status, plan.status, (loop.body.get("metadata") or {}).get("creationTimestamp"), o.now)
+        spec = o.spec
+        group_api = None if isinstance(spec, SpecError) else builders.PODGROUP_APIS.get(spec.scheduling_provider)
+        deletes = bool(plan.delete_job or plan.delete_pods or plan.delete_services or plan.delete_configmap
+                       or plan.delete_podgroups or plan.finish_workload or plan.release_workload)
+        # A pass that deletes nothing creates its ConfigMap, Service, PodGroup and Workload while
+        # its Events and status go: a new job's pods then wait for one round of writes fewer (the
+        # children depend on the spec, not on the status; a job gone meanwhile takes them with
+        # it by garbage collection). Pods always go after the status, and creations after
+        # deletions.
+        children = None
+        if not deletes and not isinstance(spec, SpecError):
+            children = asyncio.ensure_future(self._create_children(loop, o, plan, group_api))
+        try:
+            await self._events_and_status(loop, o, plan, clock)
+        except BaseException:
+            if children is not None:
+                children.cancel()
+                await asyncio.gather(children, return_exceptions=True)
+            raise
         if plan.delete_job:
             await self.api.delete(kube.job_url(ns, job.name), uid=job.uid, owner=key)
             raise JobGone("its ttlSecondsAfterFinished passed; deleted")
         for name in (*plan.delete_pods, *plan.delete_services):
             loop.created.pop(name, None)
         pods = {p.name: p for p in o.pods}
-        spec = o.spec
-        group_api = None if isinstance(spec, SpecError) else builders.PODGROUP_APIS.get(spec.scheduling_provider)
         self.metrics.pods_deleted.inc(sum(1 for name in plan.delete_pods if name in pods))
         await self._all([
             *(self.api.delete(kube.pods_url(ns, name), owner=key) for name in plan.delete_pods if name in pods),
@@ -672,19 +681,7 @@ class Controller:
         ])
         if isinstance(spec, SpecError):
             return deferred
-        self._forget_old_creations(loop)
-        writes: list[Awaitable[Any]] = []
-        if plan.configmap:
-            writes.append(self._ensure_configmap(loop, job, stale=o.configmap == lifecycle.CONFIGMAP_STALE))
-        if plan.service is not None:
-            writes.append(self._ensure(loop, kube.services_url(ns), builders.build_service(job, spec, plan.service), job))
-        if plan.podgroup is not None and group_api is not None:
-            writes.append(self._ensure(loop, kube.custom_url(*group_api, ns), builders.build_podgroup(job, spec, plan.podgroup), job))
-        if plan.workload:
-            writes.append(self._ensure(loop, kube.custom_url(*builders.KUEUE_WORKLOAD, ns), builders.build_workload(job, spec), job))
-        if writes or plan.create or plan.replace:
-            loop.rejection = None  # tried again: the next pass sees only what this one is refused
-        results = await asyncio.gather(*writes, return_exceptions=True)
+        results = await (children if children is not None else self._create_children(loop, o, plan, group_api))
         rejected = next((r.refusal for r in results if isinstance(r, Refused)), None)
         if rejected is None:
             self._raise_first(results)
@@ -697,6 +694,47 @@ class Controller:
             loop.rejection = rejected
             loop.wake.set()
         return deferred
+
+    async def _events_and_status(self, loop: JobLoop, o: lifecycle.Observed, plan: lifecycle.Plan, clock: float) -> None:
+        """The plan's Events, then its status patch.
+
+        The Events first, named after the status this pass starts from: a pass cut short after
+        them is repeated from the same status and finds them written (409); one cut short before
+        them writes them when it is repeated. Either way each transition has its Event.
+        """
+        job = o.job
+        await self.events.record(loop.body, plan.events, transition=events.fingerprint(o.status))
+        if not plan.status:
+            return
+        try:
+            patched = await self.api.patch(kube.job_url(job.namespace, job.name, "status"), {"status": plan.status},
+                                           owner=loop.key)
+        except kube.KubeError as e:
+            if e.status == 404:
+                raise JobGone("it no longer exists on the server") from e
+            raise
+        loop.wrote(patched)
+        loop.status_written = clock
+        self.metrics.transition(o.status, plan.status, (loop.body.get("metadata") or {}).get("creationTimestamp"), o.now)
+
+    async def _create_children(self, loop: JobLoop, o: lifecycle.Observed, plan: lifecycle.Plan,
+                               group_api: tuple[str, str, str] | None) -> list[Any]:
+        """The plan's ConfigMap, Service, PodGroup and Workload, concurrently; each one's result
+        or exception."""
+        job, spec, ns = o.job, o.spec, o.job.namespace
+        self._forget_old_creations(loop)
+        writes: list[Awaitable[Any]] = []
+        if plan.configmap:
+            writes.append(self._ensure_configmap(loop, job, stale=o.configmap == lifecycle.CONFIGMAP_STALE))
+        if plan.service is not None:
+            writes.append(self._ensure(loop, kube.services_url(ns), builders.build_service(job, spec, plan.service), job))
+        if plan.podgroup is not None and group_api is not None:
+            writes.append(self._ensure(loop, kube.custom_url(*group_api, ns), builders.build_podgroup(job, spec, plan.podgroup), job))
+        if plan.workload:
+            writes.append(self._ensure(loop, kube.custom_url(*builders.KUEUE_WORKLOAD, ns), builders.build_workload(job, spec), job))
+        if writes or plan.create or plan.replace:
+            loop.rejection = None  # tried again: the next pass sees only what this one is refused
+        return await asyncio.gather(*writes, return_exceptions=True)
 
     async def _workload_conditions(self, o: lifecycle.Observed, conditions: Mapping[str, tuple[str, str, str]],
                                    extra: Mapping[str, Any] | None = None) -> None:

@@ -163,16 +163,43 @@ def run_pass(c, loop):
     return asyncio.run(c.reconcile_once(loop, now=NOW))
 
 
-def test_first_pass_writes_events_then_status_then_configmap_service_pods():
-    api = FakeApi(job_body())
+class SlowApi(FakeApi):
+    """Every write takes 50 ms; ``spans`` records when each began and ended (loop time)."""
+
+    def __init__(self, job):
+        super().__init__(job)
+        self.spans = []
+
+    async def _slowly(self, verb, path, write):
+        began = asyncio.get_running_loop().time()
+        await asyncio.sleep(0.05)
+        try:
+            return await write()
+        finally:
+            self.spans.append((verb, path.rsplit("/", 1)[-1], began, asyncio.get_running_loop().time()))
+
+    async def create(self, path, body, *, keep=True, owner=None):
+        return await self._slowly("create", path, lambda: FakeApi.create(self, path, body, keep=keep, owner=owner))
+
+    async def patch(self, path, patch, *, owner=None):
+        return await self._slowly("patch", path, lambda: FakeApi.patch(self, path, patch, owner=owner))
+
+
+def test_first_pass_writes_events_then_status_while_configmap_and_service_go_then_pods():
+    api = SlowApi(job_body())
     c, loop = make(api)
     run_pass(c, loop)
     order = [(verb, path.rsplit("/", 1)[-1]) for verb, path, _ in api.calls]
-    assert order[0] == ("create", "events"), "a transition's Event before its status: a cut-short pass repeats it"
-    assert order[1] == ("patch", "status")
-    assert sorted(order[2:4]) == [("create", "configmaps"), ("create", "services")]
-    assert order[4:8] == [("create", "pods")] * 4
-    assert len(order) == 8
+    assert sorted(order) == sorted([("create", "events"), ("patch", "status"), ("create", "configmaps"),
+                                    ("create", "services")] + [("create", "pods")] * 4)
+    span = {(verb, what): (began, ended) for verb, what, began, ended in api.spans}
+    events, status = span[("create", "events")], span[("patch", "status")]
+    children = [span[("create", "configmaps")], span[("create", "services")]]
+    pods = [(b, e) for verb, what, b, e in api.spans if what == "pods"]
+    assert events[1] <= status[0], "a transition's Event before its status: a cut-short pass repeats it"
+    assert all(b < events[1] for b, _ in children), "the ConfigMap and Service go with the Events and status"
+    assert min(b for b, _ in pods) >= max(status[1], *(e for _, e in children)), \
+        "no pod before the status, and none without its Service and ConfigMap"
     assert loop.body["status"]["phase"] == "Pending", "the loop keeps the status its own patch returned"
     assert api.events() == [("Normal", "Created")]
     assert api.posted("services") == [names.service_name(JOB, 0)]
@@ -719,3 +746,62 @@ def test_the_write_limiter_takes_turns_between_jobs():
     last_small = max(i for i, (owner, _) in enumerate(order) if owner == "small")
     assert last_small < 10, f"the small job's 4 writes waited behind {last_small} others"
     assert len(order) == 104
+
+
+def test_a_job_added_under_the_leader_starts_without_reading_itself_back_and_a_listed_one_reads_itself():
+    """Fairness (issue 23): a new job's first pass must not queue a GET of the object its watch
+    event just carried. A job seen in a listing (a start, a re-list) or known from before a new
+    term is read from the server first (a missed deletion, another leader's status)."""
+
+    def first_requests(event_type, active):
+        api = FakeApi(job_body())
+        c, _ = make(api)
+        del c.jobs[JOB.key]
+        c.active = active
+
+        async def scenario():
+            c.observe_job(event_type, json.loads(json.dumps(api.job)))
+            if not active:
+                c.activate()
+            loop = c.jobs[JOB.key]
+            for _ in range(200):
+                await asyncio.sleep(0.01)
+                if api.posted("pods"):
+                    break
+            await c.deactivate()
+            return loop
+
+        loop = asyncio.run(scenario())
+        return [(v, p.rsplit("/", 1)[-1]) for v, p, _ in api.calls][:2], loop
+
+    calls, loop = first_requests("ADDED", active=True)
+    assert calls == [("create", "events"), ("patch", "status")], calls
+    assert loop.next_check > 0, "its periodic check is still scheduled"
+    for event_type, active in ((None, True), ("MODIFIED", True), ("ADDED", False)):
+        calls, _ = first_requests(event_type, active)
+        assert calls[0] == ("get", JOB.name), (event_type, active, calls)
+    c, loop = make(FakeApi(job_body()))
+    loop.check_now = False
+    c._relisted()  # an informer listed again: a deletion may have been missed meanwhile
+    assert loop.check_now and loop.wake.is_set()
+
+
+def test_a_refused_status_patch_fails_the_pass_before_any_pod_and_leaves_no_write_running():
+    api = SlowApi(job_body())
+    api.fail[("patch", "status")] = [kube.KubeError(500, "etcdserver: request timed out")]
+    c, loop = make(api)
+
+    async def scenario():
+        with pytest.raises(kube.KubeError, match="request timed out"):
+            await c.reconcile_once(loop, now=NOW)
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()
+                  and "informer" not in t.get_name()]
+        return others
+
+    left = asyncio.run(scenario())
+    assert left == [], left
+    assert api.posted("pods") == [], "no pod before the job's status says it is being created"
+    run_pass(c, loop)  # the next pass finishes what this one began, once each
+    assert sorted(api.posted("configmaps") + api.posted("services")) == sorted(
+        [names.configmap_name(JOB), names.service_name(JOB, 0)])
+    assert len(api.posted("pods")) == 4
