@@ -76,6 +76,18 @@ class Cluster:
     control_plane: object | None = None
     #: Whether the control plane's controller-manager runs without its Job controller (JobSet).
     job_controller_split: bool = False
+    #: The kwok nodes when this benchmark started them.
+    kwok: object | None = None
+
+    def plane_pids(self) -> dict[str, int]:
+        """The processes of the control plane this benchmark started, by name (kube-apiserver,
+        etcd, kube-controller-manager, kube-scheduler, kwok); empty for a cluster given by
+        kubeconfig."""
+        out = {name: proc.pid for name, proc in (getattr(self.control_plane, "processes", None) or {}).items()}
+        process = getattr(self.kwok, "process", None)
+        if process is not None:
+            out["kwok"] = process.pid
+        return out
 
     def identity(self, name: str) -> kube.Identity:
         if name not in self.identities:
@@ -185,7 +197,7 @@ def bench_cluster(kubeconfig: str | os.PathLike | None = None, kwok_nodes: int =
         # the next starts, but a gang restart with TerminatingOrFailed holds two gangs at once).
         nodes = _kwok_nodes_class()(bin_dir, cp.kubeconfig, state / "kwok", count=kwok_nodes, pods=kwok_pods)
         nodes.start()
-        yield Cluster(cp.kubeconfig, bin_dir, state, kube.Kube(cp.kubeconfig), control_plane=cp)
+        yield Cluster(cp.kubeconfig, bin_dir, state, kube.Kube(cp.kubeconfig), control_plane=cp, kwok=nodes)
     finally:
         if nodes is not None:
             nodes.stop()

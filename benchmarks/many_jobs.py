@@ -34,7 +34,9 @@ or the floor's first pod, is submitted):
 1. Start-up: until every pod exists, every pod is Running (kwok makes a bound pod Running), and
    every job's own status says Running (SPMDJob ``status.phase``, PyTorchJob's ``Running``
    condition, JobSet's Job ready; the floor: its job's last pod Running). Ratios are to the
-   floor's all-jobs-Running time.
+   floor's all-jobs-Running time. Also the cores each control-plane process (API server, etcd,
+   scheduler, kwok, controller-manager: /proc of the processes this benchmark started) and the
+   controller used meanwhile.
 2. Settle (``--settle`` s, 15): the start-up's last status writes land; counted apart.
 3. Idle (``--idle`` s, 600): nothing is submitted. Requests the controller makes, **counted by the
    API server**: each controller runs as its own ServiceAccount, whose requests a FlowSchema per
@@ -77,7 +79,7 @@ import urllib.request
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from benchmarks import kube
+from benchmarks import kube, procstat
 from benchmarks.cluster import KWOK_PODS_PER_NODE, Cluster, SpmdOperator, bench_cluster
 from benchmarks.common import PY, REPO, machine, python_env, write_json
 from benchmarks.many_jobs_report import render, scale_target, summarize, targets
@@ -295,6 +297,25 @@ def start_profile(pid: int, out: Path):
     return proc, out
 
 
+def plane_cpu(cluster: Cluster) -> dict:
+    """Now, and the CPU seconds each control-plane process has used so far."""
+    return {"t": time.time(), "cpu_s": {name: procstat.cpu_seconds(pid) for name, pid in cluster.plane_pids().items()}}
+
+
+def startup_cores(plane_a: dict, plane_b: dict, a: dict, b: dict) -> dict[str, float]:
+    """Cores each control-plane process and the controller used between two readings (the
+    start-up): CPU seconds over wall seconds. On a machine of few cores this shows who had them
+    while the jobs started (the API server, and what was left to the scheduler and kwok)."""
+    seconds = max(1e-9, plane_b["t"] - plane_a["t"])
+    out = {name: round((plane_b["cpu_s"][name] - used) / seconds, 3)
+           for name, used in plane_a["cpu_s"].items()
+           if used is not None and plane_b["cpu_s"].get(name) is not None}
+    before, after = sum_usage(a, "cpu_s"), sum_usage(b, "cpu_s")
+    if before is not None and after is not None:
+        out["controller"] = round((after - before) / max(1e-9, b["t"] - a["t"]), 3)
+    return out
+
+
 def percentile(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
@@ -397,6 +418,7 @@ def load_trial(cluster: Cluster, actor: str, scenario: str, plan: list[tuple[str
                 rec["controller_ready_s"] = tr.ctl.ready_s
             floor = tr.floor(plan) if actor == "floor" else None
             ready = meter.reading()
+            plane_ready = plane_cpu(cluster)
             profiling = profile_dir is not None and actor == "spmdjob"
             if profiling:
                 profiler = start_profile(tr.ctl.proc.pid, profile_dir / f"{scenario}-spmdjob-start.txt")
@@ -420,6 +442,7 @@ def load_trial(cluster: Cluster, actor: str, scenario: str, plan: list[tuple[str
                 res = floor.result(timeout=max(10.0, deadline - time.monotonic()))
                 rec["submit_s"], rec["floor_client_rss_mib"] = res["submit_s"], res["peak_rss_mib"]
             running = meter.reading()
+            rec["startup_cores"] = startup_cores(plane_ready, plane_cpu(cluster), ready, running)
             if profiling:
                 rec.setdefault("profiles", {})["start"] = stop_profiler(profiler)
             with trk.cond:

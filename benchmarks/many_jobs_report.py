@@ -12,6 +12,10 @@ from pathlib import Path
 
 from benchmarks.common import machine_line, table
 
+#: The control plane's processes, in the order the cores table shows them.
+PLANE = ("kube-apiserver", "etcd", "kube-scheduler", "kwok", "kube-controller-manager")
+
+
 def summarize(runs: list[dict]) -> list[dict]:
     """One row per (scenario, actor) of the load runs, with ratios to the floor of the same
     scenario (all jobs Running against the floor's)."""
@@ -40,6 +44,7 @@ def summarize(runs: list[dict]) -> list[dict]:
         row["rss_idle_mib"], row["rss_after_delete_mib"] = rss.get("idle_end"), rss.get("after_delete")
         row["processes"] = r.get("processes")
         row["children_gone_s"] = (r.get("delete") or {}).get("children_gone_s")
+        row["startup_cores"] = r.get("startup_cores")
         rows.append(row)
     return rows
 
@@ -189,6 +194,14 @@ def render(result: dict) -> str:
         out.append(table(["load", "actor", "idle s", "requests", "per job per 10 min", "GET", "LIST", "WATCH",
                           "other", "writes", "CPU %", "RSS start", "RSS peak", "RSS idle", "RSS after deletion"],
                          idle_rows))
+    cores = [r for r in rows if r.get("startup_cores")]
+    if cores:
+        out.append("\nCores used from the first submission to all jobs Running, by process (CPU seconds over "
+                   f"wall seconds; the machine has {result['machine'].get('cpus')})")
+        out.append(table(["load", "actor", *PLANE, "controller", "all"], [
+            [f"{r['scenario']}: {r['jobs']} jobs, {r['pods']} pods", r["actor"],
+             *(_s(r["startup_cores"].get(name)) for name in (*PLANE, "controller")),
+             _s(sum(r["startup_cores"].values()))] for r in cores]))
     fair = result.get("fairness") or []
     if fair:
         frows = []

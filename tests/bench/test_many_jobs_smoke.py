@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import kube, many_jobs, many_jobs_report, many_jobs_watch
+from benchmarks import kube, many_jobs, many_jobs_report, many_jobs_watch, procstat
 from benchmarks.many_jobs_floor import LABEL_JOB as FLOOR_LABEL_JOB
 from tests.bench.test_bench_smoke import (check_machine, jobset_build, positive,  # noqa: F401 (fixtures)
                                           pytorchjob_build, run_benchmark)
@@ -78,6 +78,14 @@ def test_many_jobs_smoke(pytorchjob_build, jobset_build, tmp_path: Path) -> None
         assert rss["peak"] >= rss["start"]
         assert positive(run["rss_after_vs_start"])
         assert run["requests"]["start"]["writes"] > 0  # it made the pods (or the Jobs that did)
+    # Who had the cores while the jobs started: every control-plane process, and the controller.
+    assert "Cores used from the first submission" in result.stdout
+    for actor, run in runs.items():
+        cores = run["startup_cores"]
+        assert set(many_jobs_report.PLANE) <= set(cores), (actor, cores)
+        assert all(v >= 0 for v in cores.values()), (actor, cores)
+        assert cores["kube-apiserver"] > 0, (actor, cores)  # it served the pods' creations
+        assert ("controller" in cores) == (actor != "floor"), (actor, cores)
     # JobSet's pods come from a Job controller of its own, counted with it.
     assert runs["jobset"]["job_controller_counted"] is True
     assert set(runs["jobset"]["processes"]) == {"jobset-controller", "job-controller"}
@@ -184,3 +192,16 @@ def test_targets_are_met_or_missed_by_their_thresholds() -> None:
     bad = dict(good, jobs_running_s=350.0, jobs_running_vs_floor=3.5, idle_per_job_per_10min=40.0, idle_writes=3,
                rss_peak_mib=120.0, rss_after_delete_mib=80.0, rss_after_vs_start=1.6)
     assert not any(t["met"] for t in many_jobs_report.targets(_result(**bad)))
+
+
+def test_startup_cores_are_cpu_seconds_over_wall_seconds_per_process() -> None:
+    plane_a = {"t": 100.0, "cpu_s": {"kube-apiserver": 10.0, "etcd": 2.0, "kwok": None}}
+    plane_b = {"t": 110.0, "cpu_s": {"kube-apiserver": 19.0, "etcd": 3.5, "kwok": 4.0}}
+    a = {"t": 100.0, "usage": {"spmd-operator": procstat.Usage((1,), rss_mib=50.0, hwm_mib=50.0, cpu_s=1.0)}}
+    b = {"t": 110.0, "usage": {"spmd-operator": procstat.Usage((1,), rss_mib=60.0, hwm_mib=60.0, cpu_s=4.0)}}
+    cores = many_jobs.startup_cores(plane_a, plane_b, a, b)
+    assert cores["kube-apiserver"] == pytest.approx(0.9) and cores["etcd"] == pytest.approx(0.15)
+    assert "kwok" not in cores, "a process not read at the start has no figure rather than a wrong one"
+    assert cores["controller"] == pytest.approx(0.3)
+    floor = many_jobs.startup_cores(plane_a, plane_b, {"t": 100.0, "usage": {}}, {"t": 110.0, "usage": {}})
+    assert "controller" not in floor, "the floor has no controller process"
