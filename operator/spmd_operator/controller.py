@@ -21,7 +21,8 @@ Design, for jobs of thousands of pods:
 * Resyncs cost the API server nothing: every ``resync`` seconds (default 60) a job runs a pass
   from the informers' caches; once every ``check`` seconds (default 600, spread over the period)
   and after any informer had to list again, it GETs its own object (a 404 ends the loop: the job
-  was deleted while no watch was looking). Informers re-list only when the server says 410 or a
+  was deleted while no watch was looking); so does a job's first pass, unless the leader's watch
+  reported the job as just ADDED (the event carries the object as created). Informers re-list only when the server says 410 or a
   watch breaks, once per informer, never per job.
 * Leadership: every write passes the leader elector's fence (:mod:`.kube`); on activation every
   job is read again from the server before its first pass, and what an earlier term remembered
@@ -31,8 +32,11 @@ Design, for jobs of thousands of pods:
   adopted nor blamed; their names never collide with ours (the uid is in every child's name).
 * Idempotence: names are deterministic, a 409 on create is checked (ours: fine; not ours: said
   in an Event), a 404 on delete is success, deletions carry the uid as a precondition, and the
-  status (attempt number, phase, failure) is written before any child is touched, so a crash or
-  an operator restart repeats the same pass. Until the job watch delivers the status the loop
+  status (attempt number, phase, failure) is written before any pod is created and before any
+  child is deleted, so a crash or an operator restart repeats the same pass. A pass that deletes
+  nothing creates its ConfigMap, Service, PodGroup and Workload while its status goes: they are
+  named after the attempt the pass decides, which a pass repeated from the same status decides
+  again, and finds them. Until the job watch delivers the status the loop
   wrote, older job versions from the watch are ignored (matched by content, never by comparing
   resourceVersions, which are opaque).
 * A job whose namespace is being deleted is left alone: its loop stops without restarting
@@ -75,7 +79,7 @@ COALESCE_SECONDS: Final = 0.3
 #: A job runs a pass from the informers' caches at least this often (no API request).
 DEFAULT_RESYNC_SECONDS: Final = 60.0
 #: A job GETs its own object about this often: each next check at a random point of the second
-#: half of the period after the last (jobs created together, each checked on its first pass, spread
+#: half of the period after the last (jobs listed together, each checked on its first pass, spread
 #: out instead of all checking again at once). 1,000 idle jobs: about 0.4 GETs per job per 10 min.
 DEFAULT_CHECK_SECONDS: Final = 1800.0
 #: How long a pass that was not allowed to write (fenced) waits before it tries again.
