@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any, Final
 
@@ -34,6 +35,60 @@ from devcluster.realnode import RealNodes, ensure_images, ensure_realnode_binari
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[1]
 PROCESS_NODE: Final = "proc-node-0"
+
+
+#: Starts of the operator before start_operator() gives up on one that exits while starting.
+OPERATOR_START_TRIES: Final = 3
+#: How long start_operator() waits for the operator's liveness endpoint to answer.
+OPERATOR_START_SECONDS: Final = 60.0
+
+
+def option_value(args: tuple[str, ...], name: str) -> str | None:
+    """The value of ``name`` in ``args`` (``--name value`` or ``--name=value``), or None."""
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def with_fresh_ports(args: tuple[str, ...]) -> tuple[str, ...]:
+    """``args`` with new free ports for ``--liveness`` (127.0.0.1) and ``--metrics-port``."""
+    fresh = {"--liveness": lambda: f"http://127.0.0.1:{free_port()}/healthz", "--metrics-port": lambda: str(free_port())}
+    out: list[str] = []
+    replace_next = None
+    for arg in args:
+        if replace_next is not None:
+            out.append(replace_next())
+            replace_next = None
+            continue
+        name = arg.split("=", 1)[0]
+        if name in fresh and "=" in arg:
+            out.append(f"{name}={fresh[name]()}")
+        else:
+            out.append(arg)
+            replace_next = fresh.get(arg)
+    return tuple(out)
+
+
+def wait_started(proc: subprocess.Popen, liveness: str | None, timeout: float = OPERATOR_START_SECONDS) -> bool:
+    """False if ``proc`` exits before its liveness URL answers 200; True once it answers (or,
+    still alive, after ``timeout``, or at once without a URL to ask)."""
+    if not liveness:
+        return proc.poll() is None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(liveness, timeout=1) as answer:
+                if answer.status == 200:
+                    return True
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    return proc.poll() is None
 
 
 class LocalCluster:
@@ -171,12 +226,16 @@ class LocalCluster:
             time.sleep(0.2)
 
     def start_operator(self, *args: str, install_crds: bool = True) -> subprocess.Popen:
-        """Run `python -m spmd_operator --all-namespaces *args`, logging to operator.log.
+        """Run `python -m spmd_operator --all-namespaces *args`, logging to operator.log, and wait
+        until its liveness endpoint answers (it has started: informers listed, loops running).
 
         The CRDs are applied first unless `install_crds` is False. Calling it again restarts
         the operator (stop_operator() first: SIGTERM, SIGKILL after a grace period). Unless
         `args` say otherwise, its health and metrics ports are free ones (several clusters may
-        share the machine) and it runs alone, without leader election.
+        share the machine) and it runs alone, without leader election. An operator that exits
+        while starting (its health or metrics port was taken between the choice and its bind)
+        is started again on other ports, up to OPERATOR_START_TRIES times; one that is alive but
+        not answering after OPERATOR_START_SECONDS is left to the caller.
         """
         self.stop_operator()
         if install_crds:
@@ -190,11 +249,18 @@ class LocalCluster:
         env = {**self.env, "PYTHONPATH": os.pathsep.join(
             filter(None, [str(REPO_ROOT / "operator"), str(REPO_ROOT),
                           self.env.get("PYTHONPATH", "")]))}
-        with open(self.state_dir / "operator.log", "ab") as log:
-            self.operator_process = subprocess.Popen(
-                [sys.executable, "-m", "spmd_operator", "--all-namespaces", *args],
-                env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)
+        for attempt in range(OPERATOR_START_TRIES):
+            if attempt:
+                args = with_fresh_ports(args)
+            with open(self.state_dir / "operator.log", "ab") as log:
+                self.operator_process = subprocess.Popen(
+                    [sys.executable, "-m", "spmd_operator", "--all-namespaces", *args],
+                    env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log,
+                    stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)
+            if wait_started(self.operator_process, option_value(args, "--liveness")):
+                break
+            print(f"the operator exited while starting (code {self.operator_process.returncode}; see "
+                  f"{self.state_dir / 'operator.log'}); starting it again on other ports", file=sys.stderr)
         return self.operator_process
 
     def stop_operator(self, grace: float = 10.0) -> None:

@@ -21,13 +21,14 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from devcluster import KWOK_TOLERATION, PROCESS_NODE, LocalCluster
-from devcluster.localcluster import REPO_ROOT
+from devcluster.localcluster import REPO_ROOT, option_value, with_fresh_ports
 from devcluster.podnetwork import Bridge
 
 pytestmark = pytest.mark.cluster
@@ -450,3 +451,35 @@ def test_a_pod_keeps_reaching_the_gateway_while_other_pods_come_and_go() -> None
     finally:
         server.close()
         bridge.destroy()
+
+
+def test_an_operator_whose_health_port_is_taken_is_started_again_on_other_ports(cluster: LocalCluster) -> None:
+    """A port chosen free may be taken before the operator binds it (CI saw it once: the
+    operator exited at start-up with EADDRINUSE and the next test found no operator). The
+    cluster starts it again on other ports and returns once it answers on its liveness URL."""
+    had_operator = cluster.operator_process is not None
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = f"http://127.0.0.1:{taken.getsockname()[1]}/healthz"
+        try:
+            proc = cluster.start_operator("--liveness", busy)
+            assert proc.poll() is None, "the operator runs"
+            url = option_value(tuple(proc.args), "--liveness")
+            assert url and url != busy
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                assert answer.status == 200
+            assert "address already in use" in (cluster.state_dir / "operator.log").read_text()
+        finally:
+            cluster.stop_operator()
+            if had_operator:
+                cluster.start_operator()
+
+
+def test_fresh_ports_replace_only_the_health_and_metrics_ports() -> None:
+    args = ("--liveness", "http://127.0.0.1:1/healthz", "--resync-seconds", "5", "--metrics-port=2", "--no-leader-election")
+    fresh = with_fresh_ports(args)
+    assert fresh[2:4] == ("--resync-seconds", "5") and fresh[5] == "--no-leader-election"
+    assert option_value(fresh, "--liveness").startswith("http://127.0.0.1:") and option_value(fresh, "--liveness") != args[1]
+    assert option_value(fresh, "--metrics-port") not in ("2", None)
+    assert option_value(args, "--metrics-port") == "2" and option_value(args, "--namespace") is None
