@@ -273,6 +273,8 @@ class Controller:
 class SpmdOperator(Controller):
     name = "spmd-operator"
     identity_name = "spmd-operator"
+    #: More command-line flags for the operator (a benchmark's ``--operator-flag``), after its own.
+    extra_flags: tuple[str, ...] = ()
 
     def prepare(self) -> None:
         self.cluster.apply_crd(SPMD_CRD, "spmdjobs.spmd.monarch.dev")
@@ -287,7 +289,7 @@ class SpmdOperator(Controller):
         flags = spmd_operator_extra_flags(env)
         self.metrics_port = next((int(f.split("=", 1)[1]) for f in flags if f.startswith("--metrics-port=")), None)
         return [PY, "-m", "spmd_operator", "--all-namespaces",
-                f"--liveness=http://127.0.0.1:{free_port()}/healthz", *flags], env
+                f"--liveness=http://127.0.0.1:{free_port()}/healthz", *flags, *self.extra_flags], env
 
     def scrape(self) -> dict[str, float]:
         """The operator's own counters (requests by verb and outcome, reconcile passes), or {}."""

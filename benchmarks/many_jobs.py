@@ -146,6 +146,8 @@ def job_collection(actor: str, namespace: str) -> str:
 
 #: Where ``python -m spmd_operator`` is imported from (``--operator-tree``); None: this checkout.
 OPERATOR_TREE: Path | None = None
+#: More flags for the SPMDJob operator (``--operator-flag``), e.g. ``--concurrency=16``.
+OPERATOR_FLAGS: tuple[str, ...] = ()
 
 
 class TreeOperator(SpmdOperator):
@@ -164,8 +166,12 @@ class TreeOperator(SpmdOperator):
 
 def controller_for(actor: str, cluster: Cluster, log_dir: Path):
     if actor == "spmdjob" and OPERATOR_TREE is not None:
-        return TreeOperator(cluster, log_dir, OPERATOR_TREE)
-    return _controller_for(actor, cluster, log_dir)
+        ctl = TreeOperator(cluster, log_dir, OPERATOR_TREE)
+    else:
+        ctl = _controller_for(actor, cluster, log_dir)
+    if isinstance(ctl, SpmdOperator):
+        ctl.extra_flags = OPERATOR_FLAGS
+    return ctl
 
 
 def operator_source(tree: Path | None) -> dict:
@@ -693,6 +699,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="sample the SPMDJob operator with py-spy through each load's start-up and idle window")
     ap.add_argument("--operator-tree", metavar="DIR",
                     help="run the SPMDJob operator from this checkout (e.g. a git worktree of another commit)")
+    ap.add_argument("--operator-flag", action="append", default=[], metavar="FLAG",
+                    help="one more flag for the SPMDJob operator, e.g. --operator-flag=--concurrency=16 (repeatable)")
     ap.add_argument("--scale-json", help="an operator_scale JSON whose largest SPMDJob row fills the one-large-job target")
     ap.add_argument("--json", help="output path (default benchmarks/out/many_jobs.json)")
     args = ap.parse_args(argv)
@@ -711,6 +719,12 @@ def main(argv: list[str] | None = None) -> int:
         if not (OPERATOR_TREE / "operator" / "spmd_operator" / "__main__.py").exists():
             ap.error(f"--operator-tree: {OPERATOR_TREE} has no operator/spmd_operator/__main__.py")
     source = operator_source(OPERATOR_TREE)
+    global OPERATOR_FLAGS
+    for flag in args.operator_flag:
+        if not flag.startswith("--"):
+            ap.error(f"--operator-flag: {flag!r} is not a flag (write it as --operator-flag=--name=value)")
+    OPERATOR_FLAGS = tuple(args.operator_flag)
+    source["flags"] = list(OPERATOR_FLAGS)
 
     plans = {"many": many_plan(args.jobs, args.procs), "mixed": mixed_plan(args.mixed_jobs, args.mixed_sizes)}
     largest = max([sum(dict(plans[s]).values()) for s in plans if s in args.scenarios]

@@ -154,9 +154,10 @@ def render(result: dict) -> str:
     p = result["params"]
     op = result.get("operator") or {}
     dirty = " plus uncommitted changes" if op.get("uncommitted_changes") else ""
+    flags = f" with {' '.join(op['flags'])}" if op.get("flags") else ""
     head = (f"Many jobs on kwok nodes: seconds from the first submission (ratio to the floor's all jobs Running); "
             f"requests counted by the API server\n{machine_line(result['machine'])}; "
-            f"operator at {op.get('commit')}{dirty}\n")
+            f"operator at {op.get('commit')}{dirty}{flags}\n")
     rows = result["results"]
     start_rows, idle_rows = [], []
     for r in rows:

@@ -4,7 +4,8 @@ A tiny version of the real run, as a user runs it (``python -m benchmarks.many_j
 cluster the benchmark starts itself (its kwok nodes never complete a pod, and JobSet's Job
 controller runs apart, counted with JobSet, as in the full run): 6 jobs of 2 procs by every actor
 (the floor, SPMDJob, PyTorchJob, JobSet), 20 s idle, the deletion; and the fairness run at 16 + 2
-procs for the floor and SPMDJob. Nothing asserts a time: the test checks that the benchmark
+procs for the floor and SPMDJob; the SPMDJob operator runs with a flag passed through
+(``--operator-flag``). Nothing asserts a time: the test checks that the benchmark
 measured what it says (every job reached Running, every pod was seen, the request counts by verb
 add up to the totals, the floor's requests are exactly its pods) and wrote the numbers the
 tables and plots read. The pure parts (plans, the floor's job-Running rule, the verdicts) have
@@ -33,12 +34,15 @@ def test_many_jobs_smoke(pytorchjob_build, jobset_build, tmp_path: Path) -> None
         "benchmarks.many_jobs", "--scenarios", "many", "fairness", "--jobs", str(JOBS), "--procs", str(PROCS),
         "--idle", str(IDLE), "--settle", "2", "--after-delete", "2", "--sample-seconds", "2",
         "--fairness-large", "16", "--fairness-small", "2", "--timeout", "300",
+        "--operator-flag=--concurrency=8",
         "--state-dir", str(tmp_path / "state"), "--json", str(out), timeout=1200)
     assert "Idle with every job Running" in result.stdout and "Targets (issue 23)" in result.stdout
     data = json.loads(out.read_text())
     assert data["benchmark"] == "many_jobs"
     check_machine(data)
     assert data["operator"]["commit"]
+    # The operator ran with the flag given, and the report says so.
+    assert data["operator"]["flags"] == ["--concurrency=8"] and "with --concurrency=8" in result.stdout
 
     runs = {r["actor"]: r for r in data["runs"]}
     assert set(runs) == {"floor", "spmdjob", "pytorchjob", "jobset"}
