@@ -118,7 +118,7 @@ class EventRecorder:
             content = (e.type, e.reason, message)
             try:
                 seen = recent.get(content)
-                if seen is not None and await self._aggregate(key[0], seen.name, seen.count + 1):
+                if seen is not None and await self._aggregate(key[0], seen.name, seen.count + 1, key):
                     seen.count += 1
                     seen.at = loop_time
                 else:
@@ -128,7 +128,7 @@ class EventRecorder:
                     count = 1
                     if created is None and transition is None:
                         # A repeat whose first occurrence an earlier process posted: count it there.
-                        count = await self._bump(key[0], name)
+                        count = await self._bump(key[0], name, key)
                     recent[content] = _Recent(name, count, now, loop_time)
                 posted.add(name)
             except kube.Fenced as err:
@@ -144,26 +144,26 @@ class EventRecorder:
         if failed is not None and transition is not None:
             raise failed
 
-    async def _aggregate(self, namespace: str, name: str, count: int) -> bool:
-        """Sets the Event ``name``'s count and lastTimestamp; False when it cannot (gone, or no
-        RBAC to patch Events): a new Event is posted instead."""
+    async def _aggregate(self, namespace: str, name: str, count: int, owner: kube.Owner) -> bool:
+        """Sets the Event ``name``'s count and lastTimestamp (a write of the job ``owner``); False
+        when it cannot (gone, or no RBAC to patch Events): a new Event is posted instead."""
         try:
             await self.api.patch(f"{kube.events_url(namespace)}/{name}",
-                                 {"count": count, "lastTimestamp": _now()[:19] + "Z"})
+                                 {"count": count, "lastTimestamp": _now()[:19] + "Z"}, owner=owner)
         except kube.KubeError as e:
             if e.status in (403, 404):
                 return False
             raise
         return True
 
-    async def _bump(self, namespace: str, name: str) -> int:
+    async def _bump(self, namespace: str, name: str, owner: kube.Owner) -> int:
         """Counts one more occurrence on an existing Event of an earlier process; its new count."""
         try:
             body = await self.api.get(f"{kube.events_url(namespace)}/{name}") or {}
         except kube.KubeError:  # no RBAC to read Events: the repeat is not counted
             return 1
         count = int(body.get("count") or 1) + 1
-        return count if await self._aggregate(namespace, name, count) else count - 1
+        return count if await self._aggregate(namespace, name, count, owner) else count - 1
 
     def _body(self, meta: Mapping[str, Any], e: Event, message: str, name: str, now: str) -> dict[str, Any]:
         return {

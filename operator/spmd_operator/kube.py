@@ -40,6 +40,7 @@ import json
 import logging
 import os
 import subprocess
+import time
 from collections.abc import AsyncIterator, Callable, Hashable, Mapping
 from typing import Any, Final
 from urllib.parse import quote
@@ -54,6 +55,11 @@ logger = logging.getLogger(__name__)
 
 #: Concurrent requests of the whole operator (creations and deletions of every job together).
 DEFAULT_CONCURRENCY: Final = 48
+#: Writes one job may keep in flight while another job is writing too (FairLimiter): the other
+#: job's requests then queue at the API server behind this many of its, not behind all of them.
+SHARED_DEPTH: Final = 8
+#: Seconds a job counts as writing after its last write ended (FairLimiter).
+ACTIVE_GRACE: Final = 0.5
 MERGE_PATCH: Final = "application/merge-patch+json"
 #: What to ask for when only an object's metadata is wanted: the API server answers with a
 #: PartialObjectMetadata (a ConfigMap's 160 KB payload is neither sent nor decoded).
@@ -164,29 +170,47 @@ def _error(status: int, text: str, path: str) -> KubeError:
 
 
 class FairLimiter:
-    """At most ``limit`` holders at once; a freed slot goes to the owners in turn (round robin).
+    """At most ``limit`` holders at once; a freed slot goes to the owners in turn (round robin),
+    and while more than one owner is writing, none holds more than ``shared`` slots.
 
     A plain semaphore serves waiters first come, first served: thousands of one job's pod
     creations queued first would all go before a small job's few. Here each owner (a job) has a
     queue of its own, and the owners take turns.
+
+    Taking turns for the next free slot is not enough on its own: the slots a large job already
+    holds are requests at the API server, and the small job's request is served after (or
+    among) them, so each of its rounds of writes waits about ``limit`` requests' time. So while
+    another owner holds a slot, waits for one, or released one less than ``grace`` seconds ago
+    (the moment between one round of a pass's writes and its next), an owner gets no new slot
+    while it holds ``shared`` or more: the large job's requests at the server drain to
+    ``shared`` and the small job's next rounds wait behind that many, not ``limit``. Alone, an
+    owner may hold all ``limit``.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, shared: int | None = None, grace: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.limit = max(1, limit)
+        self.shared = max(1, min(self.limit, SHARED_DEPTH if shared is None else shared))
+        self.grace = ACTIVE_GRACE if grace is None else grace
         self.held = 0
+        self._clock = clock
+        self._held_by: dict[Owner, int] = {}
         self._queues: collections.OrderedDict[Owner, collections.deque[asyncio.Future[None]]] = collections.OrderedDict()
+        #: Owners by the time their last slot was released, oldest first.
+        self._released: collections.OrderedDict[Owner, float] = collections.OrderedDict()
 
     async def acquire(self, owner: Owner) -> None:
-        if self.held < self.limit and not self._queues:
-            self.held += 1
+        if self.held < self.limit and not self._queues and self._may_take(owner):
+            self._take(owner)
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queues.setdefault(owner, collections.deque()).append(waiter)
+        self._hand_out()
         try:
             await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
-                self.release()  # the slot was handed over just as the waiter was cancelled
+                self.release(owner)  # the slot was handed over just as the waiter was cancelled
             else:
                 queue = self._queues.get(owner)
                 if queue is not None and waiter in queue:
@@ -195,20 +219,54 @@ class FairLimiter:
                         del self._queues[owner]
             raise
 
-    def release(self) -> None:
+    def release(self, owner: Owner) -> None:
         self.held -= 1
-        while self._queues and self.held < self.limit:
-            owner, queue = next(iter(self._queues.items()))
-            waiter = queue.popleft()
-            del self._queues[owner]
-            if queue:
-                self._queues[owner] = queue  # to the back of the line: the next owner goes next
-            if not waiter.done():
-                self.held += 1
-                waiter.set_result(None)
+        left = self._held_by.get(owner, 0) - 1
+        if left > 0:
+            self._held_by[owner] = left
+        else:
+            self._held_by.pop(owner, None)
+        self._released[owner] = self._clock()
+        self._released.move_to_end(owner)
+        self._hand_out()
 
     def waiting(self) -> int:
         return sum(len(q) for q in self._queues.values())
+
+    def holding(self, owner: Owner) -> int:
+        """Slots ``owner`` holds now."""
+        return self._held_by.get(owner, 0)
+
+    def _take(self, owner: Owner) -> None:
+        self.held += 1
+        self._held_by[owner] = self._held_by.get(owner, 0) + 1
+
+    def _others_writing(self, owner: Owner) -> bool:
+        """Whether an owner other than ``owner`` holds a slot, waits for one, or released one
+        less than ``grace`` seconds ago."""
+        stale = self._clock() - self.grace
+        while self._released and next(iter(self._released.values())) <= stale:
+            self._released.popitem(last=False)
+        return any(len(c) > 1 or (len(c) == 1 and owner not in c)
+                   for c in (self._held_by, self._queues, self._released))
+
+    def _may_take(self, owner: Owner) -> bool:
+        held = self._held_by.get(owner, 0)
+        return held < self.shared or (held < self.limit and not self._others_writing(owner))
+
+    def _hand_out(self) -> None:
+        """Free slots to the waiting owners, in turn, skipping an owner at its share."""
+        while self._queues and self.held < self.limit:
+            owner = next((o for o in self._queues if self._may_take(o)), None)
+            if owner is None:
+                return  # every waiting owner holds its share: a release hands out again
+            queue = self._queues.pop(owner)
+            waiter = queue.popleft()
+            if queue:
+                self._queues[owner] = queue  # to the back of the line: the next owner goes next
+            if not waiter.done():
+                self._take(owner)
+                waiter.set_result(None)
 
 
 class _Slot:
@@ -219,7 +277,7 @@ class _Slot:
         await self.limiter.acquire(self.owner)
 
     async def __aexit__(self, *exc: object) -> None:
-        self.limiter.release()
+        self.limiter.release(self.owner)
 
 
 # --- credentials ------------------------------------------------------------------------------

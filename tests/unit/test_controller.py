@@ -733,13 +733,13 @@ def test_the_write_limiter_takes_turns_between_jobs():
         async def write(owner, i):
             await limiter.acquire(owner)
             order.append((owner, i))
-            limiter.release()
+            limiter.release(owner)
 
         big = [asyncio.create_task(write("big", i)) for i in range(100)]
         await asyncio.sleep(0)
         small = [asyncio.create_task(write("small", i)) for i in range(4)]
         await asyncio.sleep(0)
-        limiter.release()
+        limiter.release("holder")
         await asyncio.gather(*big, *small)
 
     asyncio.run(scenario())
