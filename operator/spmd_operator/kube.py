@@ -24,7 +24,9 @@ Writes (create, patch, replace, delete) pass two gates:
   nothing (:class:`Fenced`);
 * a fair limiter: at most ``concurrency`` writes in flight, and a free slot goes to the job that
   has waited longest in turn (round robin over jobs), so a job creating 4,096 pods does not make
-  a 4-pod job queue behind all of them.
+  a 4-pod job queue behind all of them; while other jobs write, a job holds at most
+  ``SHARED_DEPTH`` slots, so the 4-pod job's requests do not wait at the API server behind all
+  of the large job's either (:class:`FairLimiter`).
 
 The leader elector's own requests take neither gate: they go out at once, each bounded by the
 time left before its renew deadline.
