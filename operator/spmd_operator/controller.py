@@ -12,8 +12,8 @@ Design, for jobs of thousands of pods:
   resync), run :func:`.lifecycle.reconcile` on the job and its observed children, and carry out
   the plan: the pass's Events (see :mod:`.events`), ONE status merge patch, then deletions, then
   the ConfigMap and Service, then pod creations (many at a time; the client's fair limiter takes
-  turns between jobs and keeps one job to a share of the writes in flight while others write,
-  so a small job is not queued behind a large job's thousands of pods). A
+  turns between jobs and keeps a large job to a share of the writes in flight while a small
+  one writes, so a small job is not queued behind a large job's thousands of pods). A
   burst of wake-ups within COALESCE_SECONDS of a pass becomes one more pass.
 * Never act on an unsynced view: a pass runs only when every informer it reads (pods, Services,
   ConfigMaps, and the job's Workloads or PodGroups) has listed since its watch last broke; until

@@ -24,9 +24,9 @@ Writes (create, patch, replace, delete) pass two gates:
   nothing (:class:`Fenced`);
 * a fair limiter: at most ``concurrency`` writes in flight, and a free slot goes to the job that
   has waited longest in turn (round robin over jobs), so a job creating 4,096 pods does not make
-  a 4-pod job queue behind all of them; while other jobs write, a job holds at most
-  ``SHARED_DEPTH`` slots, so the 4-pod job's requests do not wait at the API server behind all
-  of the large job's either (:class:`FairLimiter`).
+  a 4-pod job queue behind all of them; while a job writes a few at a time, any other job holds
+  at most ``SHARED_DEPTH`` slots, so the 4-pod job's requests do not wait at the API server
+  behind all of the large job's either (:class:`FairLimiter`).
 
 The leader elector's own requests take neither gate: they go out at once, each bounded by the
 time left before its renew deadline.
@@ -38,6 +38,7 @@ import asyncio
 import collections
 import dataclasses
 import datetime as dt
+import itertools
 import json
 import logging
 import os
@@ -57,10 +58,10 @@ logger = logging.getLogger(__name__)
 
 #: Concurrent requests of the whole operator (creations and deletions of every job together).
 DEFAULT_CONCURRENCY: Final = 48
-#: Writes one job may keep in flight while another job is writing too (FairLimiter): the other
-#: job's requests then queue at the API server behind this many of its, not behind all of them.
+#: Writes one job may keep in flight while another job writes a few at a time (FairLimiter): the
+#: other job's requests then queue at the API server behind this many of its, not all of them.
 SHARED_DEPTH: Final = 8
-#: Seconds a job counts as writing after its last write ended (FairLimiter).
+#: Seconds a job counts as writing a few at a time after its last write ended (FairLimiter).
 ACTIVE_GRACE: Final = 0.5
 MERGE_PATCH: Final = "application/merge-patch+json"
 #: What to ask for when only an object's metadata is wanted: the API server answers with a
@@ -173,7 +174,7 @@ def _error(status: int, text: str, path: str) -> KubeError:
 
 class FairLimiter:
     """At most ``limit`` holders at once; a freed slot goes to the owners in turn (round robin),
-    and while more than one owner is writing, none holds more than ``shared`` slots.
+    and while another owner writes a few at a time, none holds more than ``shared`` slots.
 
     A plain semaphore serves waiters first come, first served: thousands of one job's pod
     creations queued first would all go before a small job's few. Here each owner (a job) has a
@@ -182,11 +183,12 @@ class FairLimiter:
     Taking turns for the next free slot is not enough on its own: the slots a large job already
     holds are requests at the API server, and the small job's request is served after (or
     among) them, so each of its rounds of writes waits about ``limit`` requests' time. So while
-    another owner holds a slot, waits for one, or released one less than ``grace`` seconds ago
-    (the moment between one round of a pass's writes and its next), an owner gets no new slot
-    while it holds ``shared`` or more: the large job's requests at the server drain to
-    ``shared`` and the small job's next rounds wait behind that many, not ``limit``. Alone, an
-    owner may hold all ``limit``.
+    another owner writes a few at a time (it holds and waits for fewer than ``shared`` slots in
+    all, or released one less than ``grace`` seconds ago: the moment between one round of a
+    pass's writes and its next), an owner gets no new slot while it holds ``shared`` or more:
+    the large job's requests at the server drain to ``shared`` and the small job's next rounds
+    wait behind that many, not ``limit``. Alone, or beside other owners that want as many
+    slots as it does (two large jobs), an owner may take any free slot: the turns share them.
     """
 
     def __init__(self, limit: int, shared: int | None = None, grace: float | None = None,
@@ -243,18 +245,22 @@ class FairLimiter:
         self.held += 1
         self._held_by[owner] = self._held_by.get(owner, 0) + 1
 
-    def _others_writing(self, owner: Owner) -> bool:
-        """Whether an owner other than ``owner`` holds a slot, waits for one, or released one
-        less than ``grace`` seconds ago."""
+    def _small_writer_besides(self, owner: Owner) -> bool:
+        """Whether an owner other than ``owner`` writes a few at a time: it holds or waits for
+        fewer than ``shared`` slots in all, or released its last one less than ``grace`` seconds
+        ago (between two rounds of a pass's writes)."""
         stale = self._clock() - self.grace
         while self._released and next(iter(self._released.values())) <= stale:
             self._released.popitem(last=False)
-        return any(len(c) > 1 or (len(c) == 1 and owner not in c)
-                   for c in (self._held_by, self._queues, self._released))
+        for other in itertools.chain(self._held_by, self._queues, self._released):
+            queue = self._queues.get(other)
+            if other != owner and self._held_by.get(other, 0) + (len(queue) if queue else 0) < self.shared:
+                return True
+        return False
 
     def _may_take(self, owner: Owner) -> bool:
         held = self._held_by.get(owner, 0)
-        return held < self.shared or (held < self.limit and not self._others_writing(owner))
+        return held < self.shared or (held < self.limit and not self._small_writer_besides(owner))
 
     def _hand_out(self) -> None:
         """Free slots to the waiting owners, in turn, skipping an owner at its share."""

@@ -1,5 +1,6 @@
 """The operator's write limiter (spmd_operator.kube.FairLimiter): jobs take turns for the write
-slots, and while more than one job writes, none keeps more than its share of them in flight.
+slots, and while another job writes a few at a time, none keeps more than its share of them in
+flight.
 
 Why the share: the slots a large job holds are requests at the API server, and a small job's
 request waits among them there, whatever order the slots were handed out in. The pure tests drive
@@ -77,6 +78,27 @@ def test_a_large_job_drains_to_its_share_while_a_small_one_writes_and_fills_up_a
         "small just done": (2, 1),  # holds its share; the small job released less than grace ago
         "alone again": (6, 6),
     }, seen
+
+
+def test_two_large_jobs_share_every_slot_between_them():
+    """Capping one large job for another that also wants many slots would leave slots idle and
+    help neither: the two take turns over all of them."""
+    async def go():
+        limiter = kube.FairLimiter(6, shared=2, grace=1.0, clock=Clock())
+        for _ in range(6):
+            await limiter.acquire("one")
+        waiters = [asyncio.ensure_future(limiter.acquire(o)) for o in ("one", "two") for _ in range(10)]
+        await asyncio.sleep(0)
+        for _ in range(6):  # every request of the first ends
+            limiter.release("one")
+        await asyncio.sleep(0)
+        seen = (limiter.held, limiter.holding("one"), limiter.holding("two"))
+        for t in waiters:
+            t.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+        return seen
+
+    assert asyncio.run(go()) == (6, 3, 3)
 
 
 def test_a_cancelled_waiter_leaves_no_slot_taken():
