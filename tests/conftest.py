@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import time
 import uuid
@@ -62,6 +63,18 @@ collect_ignore = [] if os.environ.get("MONARCH_SPMD_GPU_TESTS") == "1" else ["gp
 
 BIN_DIR = pytest.StashKey[Path]()
 REAL_NODES = 2
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C reaches the processes tests start, however the suite itself was started.
+
+    A shell without job control starts a background command (`... &`, nohup) with SIGINT
+    ignored, and an ignored signal stays ignored through fork and exec: every Python the tests
+    start would then ignore the SIGINT a test sends it (a worker's wait, `status -w`), and those
+    tests would time out. Python's own handler here is reset to the default in every child.
+    """
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -483,3 +484,13 @@ def test_fresh_ports_replace_only_the_health_and_metrics_ports() -> None:
     assert option_value(fresh, "--liveness").startswith("http://127.0.0.1:") and option_value(fresh, "--liveness") != args[1]
     assert option_value(fresh, "--metrics-port") not in ("2", None)
     assert option_value(args, "--metrics-port") == "2" and option_value(args, "--namespace") is None
+
+
+def test_a_process_the_suite_starts_turns_ctrl_c_into_a_keyboard_interrupt():
+    """However the suite was started (a background job of a shell without job control starts
+    with SIGINT ignored, and so would every process it starts), the tests that send SIGINT must
+    reach a Python that handles it (tests/conftest.py::pytest_configure)."""
+    out = subprocess.run([sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT)"
+                          " is signal.default_int_handler)"], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "True", out.stdout + out.stderr
+    assert signal.getsignal(signal.SIGINT) != signal.SIG_IGN
