@@ -17,6 +17,7 @@ import kopf
 from aiohttp import web
 
 from spmd_operator import kube
+from tests.unit.localserver import LocalServer
 
 
 class Clock:
@@ -121,7 +122,7 @@ def test_a_cancelled_waiter_leaves_no_slot_taken():
     assert asyncio.run(go()) == ((0, 0, 0), 1)
 
 
-class OneAtATime:
+class OneAtATime(LocalServer):
     """Serves pod creations one at a time (as a saturated API server serves a queue), 2 ms each,
     and records, for each request of namespace ``small``, how many of ``big``'s were at the
     server when it arrived."""
@@ -132,15 +133,9 @@ class OneAtATime:
         self.big_most_after_small = 0
         self.small_done = False
         self.lock = asyncio.Lock()
-        app = web.Application()
+        super().__init__()
+        app = self.app
         app.router.add_post("/api/v1/namespaces/{ns}/pods", self.pod)
-        self.runner = web.AppRunner(app)
-
-    async def start(self) -> str:
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
 
     async def pod(self, request: web.Request) -> web.Response:
         ns = request.match_info["ns"]

@@ -18,12 +18,13 @@ import pytest
 from aiohttp import web
 
 from spmd_operator import kube, leader
+from tests.unit.localserver import LocalServer
 
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/ns/leases"
 TIMINGS = leader.Timings(lease_duration=1.5, renew_deadline=1.0, retry_period=0.2)
 
 
-class LeaseServer:
+class LeaseServer(LocalServer):
     """A Lease with resourceVersion preconditions; ``stall`` makes GETs hang; ``garbage`` answers
     a GET with a body that is not JSON; every pod POST is recorded with its time."""
 
@@ -34,18 +35,12 @@ class LeaseServer:
         self.garbage = False
         self.writes: list[float] = []
         self.pod_delay = 0.0
-        app = web.Application()
+        super().__init__()
+        app = self.app
         app.router.add_get(f"{LEASE}/{{name}}", self.get)
         app.router.add_post(LEASE, self.post)
         app.router.add_put(f"{LEASE}/{{name}}", self.put)
         app.router.add_post("/api/v1/namespaces/ns/pods", self.pod)
-        self.runner = web.AppRunner(app)
-
-    async def start(self) -> str:
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
 
     async def get(self, request: web.Request) -> web.Response:
         if self.stall:
