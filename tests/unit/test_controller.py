@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import gc
 import json
 import logging
+import weakref
 
 import pytest
 
@@ -651,6 +653,42 @@ def test_forgetting_jobs_hands_freed_memory_back_once_a_little_later(monkeypatch
     asyncio.run(scenario())
     assert len(trims) == 1, "two jobs forgotten together: one trim"
     assert real() is True, "glibc's malloc_trim is there on this platform"
+
+
+def test_a_deleted_jobs_loop_is_freed_by_the_trim_not_kept_by_its_cycle(monkeypatch):
+    """A cancelled loop is a reference cycle (task, CancelledError, traceback, frames): with the
+    cycle collector's own runs off, as in an idle operator that allocates too little to start
+    one, only the trim after the deletion frees it."""
+    monkeypatch.setattr(controller, "TRIM_DELAY_SECONDS", 0.05)
+    monkeypatch.setattr(controller, "COALESCE_SECONDS", 0.0)
+    api = FakeApi(job_body())
+    c = make(api)[0]
+    seen: dict[str, object] = {}
+
+    async def scenario():
+        c.active = True
+        c._start_loop(c.jobs[JOB.key])
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if len(api.posted("pods")) == 4:
+                break
+        seen["task"] = weakref.ref(c.jobs[JOB.key].task)
+        c.forget(JOB.key)  # its deletion: the loop is cancelled and dropped
+        await asyncio.sleep(0.01)
+        seen["before"] = seen["task"]() is not None
+        await asyncio.sleep(0.2)  # the trim's delay
+        seen["after"] = seen["task"]() is not None
+
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        asyncio.run(scenario())
+    finally:
+        if enabled:
+            gc.enable()
+    assert seen["before"], "the cancelled loop is kept alive by its own cycle until something collects it"
+    assert not seen["after"], "the trim collected it"
 
 
 # --- item 8: conflict-safe writes to Kueue's Workload; Events of cut-short passes ---------------
