@@ -275,12 +275,15 @@ class SpmdOperator(Controller):
     identity_name = "spmd-operator"
     #: More command-line flags for the operator (a benchmark's ``--operator-flag``), after its own.
     extra_flags: tuple[str, ...] = ()
+    #: More environment for the operator's process (a benchmark's ``--operator-env``).
+    extra_env: tuple[tuple[str, str], ...] = ()
 
     def prepare(self) -> None:
         self.cluster.apply_crd(SPMD_CRD, "spmdjobs.spmd.monarch.dev")
 
     def command(self):
         env = dict(os.environ, KUBECONFIG=str(self.ident.kubeconfig), PYTHONUNBUFFERED="1")
+        env.update(self.extra_env)
         env["PYTHONPATH"] = os.pathsep.join(p for p in [str(REPO / "operator"), str(REPO), env.get("PYTHONPATH", "")] if p)
         from devcluster.controlplane import free_port
 

@@ -5,7 +5,7 @@
         [--actors floor spmdjob pytorchjob jobset] [--idle 600] [--mixed-idle S]
         [--fairness-large 4096] [--fairness-small 4] [--fairness-delay 1]
         [--kubeconfig PATH] [--state-dir DIR] [--scale-json PATH] [--json PATH]
-        [--operator-tree DIR] [--profile DIR]
+        [--operator-tree DIR] [--operator-flag=--FLAG=VALUE] [--operator-env NAME=VALUE] [--profile DIR]
 
 Where it sits: the command; it starts the cluster and the controllers (``benchmarks.cluster``),
 drives the trials, sees them through ``benchmarks.many_jobs_watch`` and prints through
@@ -58,6 +58,8 @@ trial, with its request count (``samples`` in the JSON, for plots). Targets (iss
 printed met/missed; the one-large-job target (pods created <= 1.2x the floor at 4,096) is read
 from an ``operator_scale`` JSON given with ``--scale-json``. ``--operator-tree`` runs the SPMDJob
 operator from another checkout (a ``git worktree`` of an older commit: before and after a change);
+``--operator-flag`` and ``--operator-env`` give it one more flag or environment variable each
+(repeatable; both are recorded in the JSON's ``operator`` and named in the report's header);
 ``--profile`` samples it with py-spy through each start-up and idle window
 (``python -m benchmarks.profile_summary DIR/*.txt`` aggregates the stacks). JSON goes to
 ``benchmarks/out/many_jobs.json``; ``python -m benchmarks.report`` prints the tables again.
@@ -148,6 +150,8 @@ def job_collection(actor: str, namespace: str) -> str:
 OPERATOR_TREE: Path | None = None
 #: More flags for the SPMDJob operator (``--operator-flag``), e.g. ``--concurrency=16``.
 OPERATOR_FLAGS: tuple[str, ...] = ()
+#: More environment for the SPMDJob operator (``--operator-env``), e.g. ``MALLOC_ARENA_MAX=2``.
+OPERATOR_ENV: tuple[tuple[str, str], ...] = ()
 
 
 class TreeOperator(SpmdOperator):
@@ -164,6 +168,14 @@ class TreeOperator(SpmdOperator):
         return cmd, env
 
 
+def sleep_checking(seconds: float, check: Callable[[], None]) -> None:
+    """Sleeps ``seconds``, calling ``check`` (which raises to end it) every second."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(left, 1.0))
+        check()
+
+
 def controller_for(actor: str, cluster: Cluster, log_dir: Path):
     if actor == "spmdjob" and OPERATOR_TREE is not None:
         ctl = TreeOperator(cluster, log_dir, OPERATOR_TREE)
@@ -171,6 +183,7 @@ def controller_for(actor: str, cluster: Cluster, log_dir: Path):
         ctl = _controller_for(actor, cluster, log_dir)
     if isinstance(ctl, SpmdOperator):
         ctl.extra_flags = OPERATOR_FLAGS
+        ctl.extra_env = OPERATOR_ENV
     return ctl
 
 
@@ -440,9 +453,9 @@ def load_trial(cluster: Cluster, actor: str, scenario: str, plan: list[tuple[str
                 if errors:
                     raise RuntimeError(f"submitting the jobs: {errors}")
             rec["submit_s"] = time.time() - t0
-            ok_created = trk.wait(lambda: len(trk.pod_seen) >= total, deadline)
-            ok_running = ok_created and trk.wait(lambda: len(trk.pod_running) >= total, deadline)
-            ok_jobs = ok_running and trk.wait(lambda: trk.jobs_running() >= jobs, deadline)
+            ok_created = trk.wait(lambda: len(trk.pod_seen) >= total, deadline, tr.check)
+            ok_running = ok_created and trk.wait(lambda: len(trk.pod_running) >= total, deadline, tr.check)
+            ok_jobs = ok_running and trk.wait(lambda: trk.jobs_running() >= jobs, deadline, tr.check)
             tr.check()
             if floor is not None:
                 res = floor.result(timeout=max(10.0, deadline - time.monotonic()))
@@ -480,9 +493,9 @@ def load_trial(cluster: Cluster, actor: str, scenario: str, plan: list[tuple[str
                 own_before = tr.ctl.scrape() if hasattr(tr.ctl, "scrape") else {}
                 if profiling:
                     profiler = start_profile(tr.ctl.proc.pid, profile_dir / f"{scenario}-spmdjob-idle.txt")
-                    time.sleep(max(0.0, idle - 1.0))  # the profiler's start took a second of it
+                    sleep_checking(max(0.0, idle - 1.0), tr.check)  # the profiler's start took a second of it
                 else:
-                    time.sleep(idle)
+                    sleep_checking(idle, tr.check)
                 tr.check()
                 idle_end = meter.reading(apiserver=True)
                 rec["operator_holds"] = {"idle": operator_holds(tr.ctl)}
@@ -610,15 +623,15 @@ def fairness_trial(cluster: Cluster, actor: str, large: int, small: int, delay: 
             deadline = time.monotonic() + timeout
             # A first job, so "alone" is not also the controller's first job (connections, caches).
             submit("warm-up")
-            if not trk.wait(done("warm-up"), deadline):
+            if not trk.wait(done("warm-up"), deadline, tr.check):
                 raise TimeoutError("the warm-up job did not run")
             t_alone = submit("small-alone")
-            if not trk.wait(done("small-alone"), deadline):
+            if not trk.wait(done("small-alone"), deadline, tr.check):
                 raise TimeoutError("the small job alone did not run")
             t_large = submit("large")
             time.sleep(max(0.0, t_large + delay - time.time()))
             t_small = submit("small")
-            ok = trk.wait(done("small"), deadline) and trk.wait(done("large"), deadline)
+            ok = trk.wait(done("small"), deadline, tr.check) and trk.wait(done("large"), deadline, tr.check)
             tr.check()
             for f in floors.values():
                 f.result(timeout=max(10.0, deadline - time.monotonic()))
@@ -701,6 +714,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="run the SPMDJob operator from this checkout (e.g. a git worktree of another commit)")
     ap.add_argument("--operator-flag", action="append", default=[], metavar="FLAG",
                     help="one more flag for the SPMDJob operator, e.g. --operator-flag=--concurrency=16 (repeatable)")
+    ap.add_argument("--operator-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="one more environment variable for the SPMDJob operator's process (repeatable)")
     ap.add_argument("--scale-json", help="an operator_scale JSON whose largest SPMDJob row fills the one-large-job target")
     ap.add_argument("--json", help="output path (default benchmarks/out/many_jobs.json)")
     args = ap.parse_args(argv)
@@ -725,6 +740,15 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--operator-flag: {flag!r} is not a flag (write it as --operator-flag=--name=value)")
     OPERATOR_FLAGS = tuple(args.operator_flag)
     source["flags"] = list(OPERATOR_FLAGS)
+    global OPERATOR_ENV
+    env = []
+    for item in args.operator_env:
+        name, eq, value = item.partition("=")
+        if not eq or not name.isidentifier():
+            ap.error(f"--operator-env: {item!r} is not NAME=VALUE (e.g. --operator-env MALLOC_ARENA_MAX=2)")
+        env.append((name, value))
+    OPERATOR_ENV = tuple(env)
+    source["env"] = dict(OPERATOR_ENV)
 
     plans = {"many": many_plan(args.jobs, args.procs), "mixed": mixed_plan(args.mixed_jobs, args.mixed_sizes)}
     largest = max([sum(dict(plans[s]).values()) for s in plans if s in args.scenarios]

@@ -154,7 +154,8 @@ def render(result: dict) -> str:
     p = result["params"]
     op = result.get("operator") or {}
     dirty = " plus uncommitted changes" if op.get("uncommitted_changes") else ""
-    flags = f" with {' '.join(op['flags'])}" if op.get("flags") else ""
+    setting = [f"{k}={v}" for k, v in (op.get("env") or {}).items()] + list(op.get("flags") or [])
+    flags = f" with {' '.join(setting)}" if setting else ""
     head = (f"Many jobs on kwok nodes: seconds from the first submission (ratio to the floor's all jobs Running); "
             f"requests counted by the API server\n{machine_line(result['machine'])}; "
             f"operator at {op.get('commit')}{dirty}{flags}\n")

@@ -130,14 +130,19 @@ class Tracker:
         """How many jobs have been Running (see :meth:`running_at`)."""
         return len(self.job_pods_running if self.actor == "floor" else self.job_running)
 
-    def wait(self, predicate: Callable[[], bool], deadline: float) -> bool:
-        """Waits (time.monotonic() deadline) until ``predicate()``, called under the lock, holds."""
+    def wait(self, predicate: Callable[[], bool], deadline: float,
+             check: Callable[[], None] | None = None) -> bool:
+        """Waits (time.monotonic() deadline) until ``predicate()``, called under the lock, holds.
+        ``check`` is called about every second and ends the wait by raising (a controller under
+        test that exited: its trial fails then, not at the deadline an hour later)."""
         with self.cond:
             while not predicate():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
                 self.cond.wait(min(left, 1.0))
+                if check is not None:
+                    check()
             return True
 
 

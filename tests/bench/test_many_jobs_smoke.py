@@ -4,8 +4,8 @@ A tiny version of the real run, as a user runs it (``python -m benchmarks.many_j
 cluster the benchmark starts itself (its kwok nodes never complete a pod, and JobSet's Job
 controller runs apart, counted with JobSet, as in the full run): 6 jobs of 2 procs by every actor
 (the floor, SPMDJob, PyTorchJob, JobSet), 20 s idle, the deletion; and the fairness run at 16 + 2
-procs for the floor and SPMDJob; the SPMDJob operator runs with a flag passed through
-(``--operator-flag``). Nothing asserts a time: the test checks that the benchmark
+procs for the floor and SPMDJob; the SPMDJob operator runs with a flag and an environment
+variable passed through (``--operator-flag``, ``--operator-env``). Nothing asserts a time: the test checks that the benchmark
 measured what it says (every job reached Running, every pod was seen, the request counts by verb
 add up to the totals, the floor's requests are exactly its pods) and wrote the numbers the
 tables and plots read. The pure parts (plans, the floor's job-Running rule, the verdicts) have
@@ -15,6 +15,7 @@ unit tests of their own below.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -34,15 +35,16 @@ def test_many_jobs_smoke(pytorchjob_build, jobset_build, tmp_path: Path) -> None
         "benchmarks.many_jobs", "--scenarios", "many", "fairness", "--jobs", str(JOBS), "--procs", str(PROCS),
         "--idle", str(IDLE), "--settle", "2", "--after-delete", "2", "--sample-seconds", "2",
         "--fairness-large", "16", "--fairness-small", "2", "--timeout", "300",
-        "--operator-flag=--concurrency=8",
+        "--operator-flag=--concurrency=8", "--operator-env", "MALLOC_ARENA_MAX=2",
         "--state-dir", str(tmp_path / "state"), "--json", str(out), timeout=1200)
     assert "Idle with every job Running" in result.stdout and "Targets (issue 23)" in result.stdout
     data = json.loads(out.read_text())
     assert data["benchmark"] == "many_jobs"
     check_machine(data)
     assert data["operator"]["commit"]
-    # The operator ran with the flag given, and the report says so.
-    assert data["operator"]["flags"] == ["--concurrency=8"] and "with --concurrency=8" in result.stdout
+    # The operator ran with the flag and environment given, and the report says so.
+    assert data["operator"]["flags"] == ["--concurrency=8"] and data["operator"]["env"] == {"MALLOC_ARENA_MAX": "2"}
+    assert "with MALLOC_ARENA_MAX=2 --concurrency=8" in result.stdout
 
     runs = {r["actor"]: r for r in data["runs"]}
     assert set(runs) == {"floor", "spmdjob", "pytorchjob", "jobset"}
@@ -164,6 +166,23 @@ def test_a_controllers_job_runs_when_its_status_says_so() -> None:
     assert t.running_at("j") is None  # its pod runs, its status does not say so yet
     t.job_event("MODIFIED", dict(job, status={"phase": "Running"}), 3.0)
     assert t.running_at("j") == 3.0
+
+
+def test_a_wait_ends_as_soon_as_its_check_raises() -> None:
+    t = many_jobs_watch.Tracker("spmdjob", {"j": 1})
+    calls: list[float] = []
+
+    def check() -> None:  # the controller under test: exited by the second look
+        calls.append(time.monotonic())
+        if len(calls) == 2:
+            raise RuntimeError("spmd-operator exited with -10")
+
+    deadline = time.monotonic() + 3600
+    with pytest.raises(RuntimeError, match="exited with -10"):
+        t.wait(lambda: False, deadline, check)
+    assert len(calls) == 2 and calls[-1] < deadline - 3000
+    # Without a check the same wait returns False at its deadline.
+    assert t.wait(lambda: False, time.monotonic() + 0.1) is False
 
 
 def test_requests_by_verb_reads_the_verb_schemas_and_the_rest() -> None:
