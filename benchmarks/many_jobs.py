@@ -168,14 +168,6 @@ class TreeOperator(SpmdOperator):
         return cmd, env
 
 
-def sleep_checking(seconds: float, check: Callable[[], None]) -> None:
-    """Sleeps ``seconds``, calling ``check`` (which raises to end it) every second."""
-    end = time.monotonic() + seconds
-    while (left := end - time.monotonic()) > 0:
-        time.sleep(min(left, 1.0))
-        check()
-
-
 def controller_for(actor: str, cluster: Cluster, log_dir: Path):
     if actor == "spmdjob" and OPERATOR_TREE is not None:
         ctl = TreeOperator(cluster, log_dir, OPERATOR_TREE)
@@ -491,11 +483,11 @@ def load_trial(cluster: Cluster, actor: str, scenario: str, plan: list[tuple[str
                 idle_start = meter.reading(apiserver=True)
                 events_before = trk.events
                 own_before = tr.ctl.scrape() if hasattr(tr.ctl, "scrape") else {}
+                idle_left = idle
                 if profiling:
                     profiler = start_profile(tr.ctl.proc.pid, profile_dir / f"{scenario}-spmdjob-idle.txt")
-                    sleep_checking(max(0.0, idle - 1.0), tr.check)  # the profiler's start took a second of it
-                else:
-                    sleep_checking(idle, tr.check)
+                    idle_left = max(0.0, idle - 1.0)  # the profiler's start took a second of it
+                trk.wait(lambda: False, time.monotonic() + idle_left, tr.check)  # the idle time, watching the controller
                 tr.check()
                 idle_end = meter.reading(apiserver=True)
                 rec["operator_holds"] = {"idle": operator_holds(tr.ctl)}

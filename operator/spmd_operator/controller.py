@@ -229,7 +229,7 @@ def trim_memory() -> bool:
     CancelledError, its traceback and frames refer to one another), as is much of what kopf
     kept for the object, and only the cycle collector frees them. Left to itself it runs its
     oldest generation only after many new allocations, which an idle operator never makes: the
-    loops of 1,000 deleted jobs stayed alive for good. Python's small-object arenas go back
+    loops of 300 deleted jobs stayed alive for good (benchmarks/RESULTS.md, 8k). Python's small-object arenas go back
     when they empty; the decoded API objects and buffers of a busy start-up live in the C
     library's heap, which otherwise keeps its peak after the objects are freed."""
     gc.collect()
