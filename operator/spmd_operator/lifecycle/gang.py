@@ -48,6 +48,9 @@ def start(p: Pass) -> None:
     p.event(EVENT_NORMAL, "Created", f"creating {pods} pods for mesh {p.new['mesh']}")
     current = p.current()
     p.create_pods((i for i in range(pods) if i not in current), p.gang)
+    # The Running condition goes with the first status ("0/N procs running"), not in a status
+    # patch of its own when the pods first show up: one write fewer per job.
+    _waiting(p, current)
     p.counts(current)
 
 
