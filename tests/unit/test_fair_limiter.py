@@ -165,7 +165,12 @@ def test_a_small_jobs_later_rounds_wait_behind_the_large_jobs_share_at_the_serve
                              owner=ns)
 
         big = [asyncio.ensure_future(create("big", i)) for i in range(800)]
-        await asyncio.sleep(0.3)
+        # Until the large job fills its slots at the server (a busy machine takes longer to get
+        # there; 10 s at most, and the assertion below says if it never did).
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            if server.at_server["big"] >= limit - 2:
+                break
         busy = server.at_server["big"]
         for i in range(3):  # a first pass: Events, its status, its pods: one round after the other
             await create("small", i)
