@@ -96,6 +96,11 @@ ERROR_BACKOFF_SECONDS: Final = (2.0, 5.0, 15.0, 30.0, 60.0)
 #: this often per job; every transition (phase, attempt, failure, a condition's status or reason)
 #: is written at once. Keeps the API requests of a 4,096-pod start-up near one per pod.
 PROGRESS_SECONDS: Final = 5.0
+#: Progress-only status patches of all jobs together go out at most this many per second, each
+#: job's in turn (the first to wait goes first): when hundreds of jobs start at once, their counts
+#: move thousands of times, and each patch is a write of the job and an event to every watcher of
+#: SPMDJobs. Transitions never wait for it. A count may then lag by (jobs waiting) / this rate.
+PROGRESS_WRITES_PER_SECOND: Final = 5.0
 _PROGRESS_KEYS: Final = frozenset({"running", "succeeded", "failed", "message", "conditions"})
 _SETTLED_PHASES: Final = frozenset({lifecycle.SUCCEEDED, lifecycle.FAILED, lifecycle.SUSPENDED})
 COMPONENT: Final = events.COMPONENT
@@ -124,6 +129,21 @@ def only_progress(status: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
         if gist(status.get("conditions")) != gist(patch["conditions"]):
             return False
     return True
+
+
+class Turns:
+    """Turns at a shared rate: each is ``1 / rate`` seconds after the one before, or now when
+    none is waiting; first asked, first served."""
+
+    def __init__(self, rate: float) -> None:
+        self.interval = 1.0 / rate
+        self.next = float("-inf")
+
+    def take(self, now: float) -> float:
+        """The time of a new turn (``now`` when it is free)."""
+        turn = max(now, self.next)
+        self.next = turn + self.interval
+        return turn
 
 
 class JobGone(Exception):
@@ -180,6 +200,8 @@ class JobLoop:
     created: dict[str, float] = field(default_factory=dict)
     foreign_reported: set[str] = field(default_factory=set)
     status_written: float | None = None
+    #: When this job's waiting progress-only patch may go (its turn in Controller.progress_turns).
+    progress_turn: float | None = None
     check_now: bool = True
     next_check: float = 0.0
     observer: Observer | None = None
@@ -211,6 +233,7 @@ class JobLoop:
         self.written = None
         self.created.clear()
         self.status_written = None
+        self.progress_turn = None
         self.check_now = True
         self.drop_observer()
 
@@ -284,6 +307,7 @@ class Controller:
         #: Informers of optional APIs (PodGroups, Kueue Workloads), started when a job first needs one.
         self.optional: dict[tuple[str, str, str], informer.Informer[Any]] = {}
         self._trim_task: asyncio.Task[None] | None = None
+        self.progress_turns = Turns(PROGRESS_WRITES_PER_SECOND)
 
     # --- start and stop ------------------------------------------------------------------------
 
@@ -652,8 +676,14 @@ class Controller:
         clock = asyncio.get_running_loop().time()
         deferred: float | None = None
         key = loop.key
-        if plan.status and only_progress(o.status, plan.status) and loop.status_written is not None:
+        if not plan.status:
+            loop.progress_turn = None  # nothing waits to be written: no turn held
+        elif only_progress(o.status, plan.status) and loop.status_written is not None:
             left = loop.status_written + PROGRESS_SECONDS - clock
+            if left <= 0:  # due for this job: its turn among every job's progress writes
+                if loop.progress_turn is None:
+                    loop.progress_turn = self.progress_turns.take(clock)
+                left = loop.progress_turn - clock
             if left > 0:
                 plan, deferred = dataclasses.replace(plan, status={}), left
         spec = o.spec
@@ -728,6 +758,7 @@ class Controller:
             raise
         loop.wrote(patched)
         loop.status_written = clock
+        loop.progress_turn = None  # written (a transition takes the waiting counts with it)
         self.metrics.transition(o.status, plan.status, (loop.body.get("metadata") or {}).get("creationTimestamp"), o.now)
 
     async def _create_children(self, loop: JobLoop, o: lifecycle.Observed, plan: lifecycle.Plan,

@@ -426,7 +426,7 @@ def test_progress_only_status_is_written_at_most_every_few_seconds_transitions_a
     c, loop = make(api)
     run_pass(c, loop)  # the first pass: Pending, written
     sync_informers(c, api)
-    run_pass(c, loop)  # the pods exist: the Running condition appears (False), written
+    run_pass(c, loop)  # the pods exist, Pending: the first status said so already
     pods = [o for (p, _), o in api.objects.items() if p.endswith("/pods")]
     c.pods._put({**pods[0], "status": {"phase": "Running"}}, set())
     patches = lambda: [v for v, path, _ in api.calls if path.endswith("/status")]
@@ -438,6 +438,54 @@ def test_progress_only_status_is_written_at_most_every_few_seconds_transitions_a
         c.pods._put({**pod, "status": {"phase": "Running"}}, set())
     run_pass(c, loop)
     assert len(patches()) == before + 1 and api.job["status"]["phase"] == "Running", "a transition is written at once"
+
+
+def test_turns_are_spaced_by_the_rate_first_asked_first_served_and_free_at_once_when_none_waits():
+    turns = controller.Turns(4.0)
+    assert turns.take(100.0) == 100.0
+    assert [turns.take(100.0) for _ in range(3)] == [100.25, 100.5, 100.75]
+    assert turns.take(100.1) == 101.0, "a later ask queues behind the ones given"
+    assert turns.take(200.0) == 200.0, "none waiting: the turn is now"
+
+
+def test_progress_waits_for_its_turn_among_every_jobs_progress_but_a_transition_does_not():
+    """Hundreds of jobs starting at once: their running counts share PROGRESS_WRITES_PER_SECOND,
+    each job in turn; the job's phase going Running is written at once, taking the counts along."""
+    api = FakeApi(job_body())
+    c, loop = make(api)
+    run_pass(c, loop)  # the first pass: Pending, written
+    sync_informers(c, api)
+    pods = [o for (p, _), o in api.objects.items() if p.endswith("/pods")]
+    patches = lambda: [v for v, path, _ in api.calls if path.endswith("/status")]
+    before = len(patches())
+
+    async def progress_pass(running: int) -> float | None:
+        for pod in pods[:running]:
+            c.pods._put({**pod, "status": {"phase": "Running"}}, set())
+        now = asyncio.get_running_loop().time()
+        loop.status_written = now - controller.PROGRESS_SECONDS - 1  # this job's own wait is over
+        c.progress_turns.next = now + 40 / controller.PROGRESS_WRITES_PER_SECOND  # 40 jobs' turns ahead
+        return await c.reconcile_once(loop, now=NOW)
+
+    delay = asyncio.run(progress_pass(1))
+    assert len(patches()) == before, "1/4 running waits for its turn"
+    assert delay == pytest.approx(40 / controller.PROGRESS_WRITES_PER_SECOND, abs=0.5)
+    assert loop.progress_turn is not None
+
+    async def at_its_turn() -> float | None:
+        loop.progress_turn = asyncio.get_running_loop().time()
+        return await c.reconcile_once(loop, now=NOW)
+
+    asyncio.run(at_its_turn())
+    assert len(patches()) == before + 1 and api.job["status"]["running"] == 1, "written at its turn"
+    assert loop.progress_turn is None
+
+    delay = asyncio.run(progress_pass(2))
+    assert len(patches()) == before + 1 and delay > 1.0, "the next count waits for a new turn"
+    asyncio.run(progress_pass(4))
+    assert len(patches()) == before + 2, "every proc running is a transition: written at once"
+    assert (api.job["status"]["phase"], api.job["status"]["running"]) == ("Running", 4)
+    assert loop.progress_turn is None, "the transition took the waiting counts with it"
 
 
 # --- item 1: never act on an unsynced view; holding a Kueue job needs evidence ------------------
