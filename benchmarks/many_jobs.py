@@ -36,7 +36,8 @@ or the floor's first pod, is submitted):
    condition, JobSet's Job ready; the floor: its job's last pod Running). Ratios are to the
    floor's all-jobs-Running time. Also the cores each control-plane process (API server, etcd,
    scheduler, kwok, controller-manager: /proc of the processes this benchmark started) and the
-   controller used meanwhile.
+   controller used meanwhile, and the API server's requests from every client by verb and
+   resource (``startup_apiserver_top``: the controller-manager's and the scheduler's too).
 2. Settle (``--settle`` s, 15): the start-up's last status writes land; counted apart.
 3. Idle (``--idle`` s, 600): nothing is submitted. Requests the controller makes, **counted by the
    API server**: each controller runs as its own ServiceAccount, whose requests a FlowSchema per
@@ -428,7 +429,7 @@ def load_trial(cluster: Cluster, actor: str, scenario: str, plan: list[tuple[str
             if tr.ctl is not None:
                 rec["controller_ready_s"] = tr.ctl.ready_s
             floor = tr.floor(plan) if actor == "floor" else None
-            ready = meter.reading()
+            ready = meter.reading(apiserver=True)
             plane_ready = plane_cpu(cluster)
             profiling = profile_dir is not None and actor == "spmdjob"
             if profiling:
@@ -452,7 +453,8 @@ def load_trial(cluster: Cluster, actor: str, scenario: str, plan: list[tuple[str
             if floor is not None:
                 res = floor.result(timeout=max(10.0, deadline - time.monotonic()))
                 rec["submit_s"], rec["floor_client_rss_mib"] = res["submit_s"], res["peak_rss_mib"]
-            running = meter.reading()
+            running = meter.reading(apiserver=True)
+            rec["startup_apiserver_top"] = apiserver_delta(ready, running, top=25)
             rec["startup_cores"] = startup_cores(plane_ready, plane_cpu(cluster), ready, running)
             if profiling:
                 rec.setdefault("profiles", {})["start"] = stop_profiler(profiler)

@@ -14,6 +14,8 @@ from benchmarks.common import machine_line, table
 
 #: The control plane's processes, in the order the cores table shows them.
 PLANE = ("kube-apiserver", "etcd", "kube-scheduler", "kwok", "kube-controller-manager")
+#: How many of the API server's busiest (verb, resource) entries of a start-up the report names.
+STARTUP_TOP = 12
 
 
 def summarize(runs: list[dict]) -> list[dict]:
@@ -45,6 +47,7 @@ def summarize(runs: list[dict]) -> list[dict]:
         row["processes"] = r.get("processes")
         row["children_gone_s"] = (r.get("delete") or {}).get("children_gone_s")
         row["startup_cores"] = r.get("startup_cores")
+        row["startup_apiserver_top"] = r.get("startup_apiserver_top")
         rows.append(row)
     return rows
 
@@ -204,6 +207,13 @@ def render(result: dict) -> str:
             [f"{r['scenario']}: {r['jobs']} jobs, {r['pods']} pods", r["actor"],
              *(_s(r["startup_cores"].get(name)) for name in (*PLANE, "controller")),
              _s(sum(r["startup_cores"].values()))] for r in cores]))
+    busiest = [r for r in rows if r.get("startup_apiserver_top")]
+    if busiest:
+        out.append("\nThe API server's busiest requests during the start-up, every client (verb resource: count, "
+                   "per job)")
+        for r in busiest:
+            entries = ", ".join(f"{k}: {v} ({v / r['jobs']:.1f})" for k, v in r["startup_apiserver_top"][:STARTUP_TOP])
+            out.append(f"{r['scenario']} {r['actor']}: {entries}")
     fair = result.get("fairness") or []
     if fair:
         frows = []

@@ -92,6 +92,10 @@ def test_many_jobs_smoke(pytorchjob_build, jobset_build, tmp_path: Path) -> None
         assert all(v >= 0 for v in cores.values()), (actor, cores)
         assert cores["kube-apiserver"] > 0, (actor, cores)  # it served the pods' creations
         assert ("controller" in cores) == (actor != "floor"), (actor, cores)
+        # Every client's requests of the start-up by verb and resource: at least the pods' POSTs.
+        busiest = dict(run["startup_apiserver_top"])
+        assert busiest.get("POST pods", 0) >= pods, (actor, busiest)
+    assert "The API server's busiest requests during the start-up" in result.stdout
     # JobSet's pods come from a Job controller of its own, counted with it.
     assert runs["jobset"]["job_controller_counted"] is True
     assert set(runs["jobset"]["processes"]) == {"jobset-controller", "job-controller"}
