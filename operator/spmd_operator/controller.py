@@ -40,6 +40,8 @@ Design, for jobs of thousands of pods:
   again, and finds them. Until the job watch delivers the status the loop
   wrote, older job versions from the watch are ignored (matched by content, never by comparing
   resourceVersions, which are opaque).
+* A deleted job's children are deleted by the leader at once (:meth:`Controller._collect_children`),
+  not only at the garbage collector's pace; ``--cascade=orphan`` keeps them.
 * A job whose namespace is being deleted is left alone: its loop stops without restarting
   anything or posting Warnings.
 * Restart in place (restartPolicy.mode InPlace): while the current gang's rank-0 pod runs, the
@@ -53,6 +55,7 @@ Design, for jobs of thousands of pods:
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
 import ctypes
 import dataclasses
@@ -107,6 +110,10 @@ COMPONENT: Final = events.COMPONENT
 #: Seconds after a job was forgotten before the memory freed with it is handed back to the system
 #: (once per this many seconds however many jobs go: deleting 1,000 jobs trims a few times).
 TRIM_DELAY_SECONDS: Final = 5.0
+#: The finalizers a job's deletion options put on it (``kubectl delete --cascade=orphan`` and
+#: ``--cascade=foreground``): the garbage collector's, which it removes when done.
+ORPHAN_FINALIZER: Final = "orphan"
+FOREGROUND_FINALIZER: Final = "foregroundDeletion"
 #: Tries of a conditional update of a Kueue Workload that keeps meeting a newer version.
 WORKLOAD_CONFLICT_RETRIES: Final = 5
 #: Chart values that grant the RBAC rules of each optional API (helm/monarch-spmd/values.yaml).
@@ -307,6 +314,15 @@ class Controller:
         #: Informers of optional APIs (PodGroups, Kueue Workloads), started when a job first needs one.
         self.optional: dict[tuple[str, str, str], informer.Informer[Any]] = {}
         self._trim_task: asyncio.Task[None] | None = None
+        #: Uids of jobs seen with the orphan finalizer: their children are left where they are.
+        self._orphaning: set[str] = set()
+        #: Uids of jobs whose children this replica deletes, or deleted, until the job is gone.
+        self._collected: set[str] = set()
+        #: The children of deleted jobs still to DELETE: (job, path, the pod's uid or None), and
+        #: the tasks deleting them (at most the API client's concurrency).
+        self._doomed: collections.deque[tuple[JobKey, str, str | None]] = collections.deque()
+        self._collections: set[asyncio.Task[None]] = set()
+        self._deleters = 0
         self.progress_turns = Turns(PROGRESS_WRITES_PER_SECOND)
 
     # --- start and stop ------------------------------------------------------------------------
@@ -337,7 +353,8 @@ class Controller:
         """Stops every loop at once (this replica must not write any more); jobs stay known."""
         self.active = False
         self.metrics.leader.set(0)
-        tasks = [loop.task for loop in self.jobs.values() if loop.task is not None]
+        tasks = [loop.task for loop in self.jobs.values() if loop.task is not None] + list(self._collections)
+        self._doomed.clear()
         for loop in self.jobs.values():
             loop.task = None
             loop.drop_observer()
@@ -400,6 +417,7 @@ class Controller:
         meta = body.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
         if event_type == "DELETED" or meta.get("deletionTimestamp"):
+            self._collect_children(event_type, key, meta)
             self.forget(key)
             return
         loop = self.jobs.get(key)
@@ -428,6 +446,75 @@ class Controller:
         for loop in self.jobs.values():
             loop.check_now = True
             loop.wake.set()
+
+    def _collect_children(self, event_type: str | None, key: JobKey, meta: Mapping[str, Any]) -> None:
+        """Deletes a deleted job's children at once, instead of leaving them to the garbage
+        collector alone, which deletes at kube-controller-manager's client rate (20 requests a
+        second by default): the pods of 1,000 deleted jobs of 4, and their GPUs, were all gone
+        only after 424 s; 79 s with this (benchmarks/RESULTS.md, 8n).
+
+        Only what the deletion asked for: a job deleted with ``--cascade=orphan`` (the orphan
+        finalizer seen on it, now or before) keeps its children, and a job held by a finalizer
+        of someone else's waits until it is gone. ``--cascade=foreground`` is collected as soon
+        as it is seen. Each child is one the informers show with the job's uid as controller
+        owner, deleted in the background like the collector does (a pod with its uid as a
+        precondition); the collector still runs, and whichever comes second finds it gone.
+        """
+        uid = str(meta.get("uid") or "")
+        finalizers = meta.get("finalizers") or []
+        if not uid:
+            return
+        if ORPHAN_FINALIZER in finalizers:
+            self._orphaning.add(uid)
+            return
+        if event_type == "DELETED":
+            orphaned = uid in self._orphaning
+            self._orphaning.discard(uid)
+            if uid in self._collected:
+                self._collected.discard(uid)
+                return
+            if orphaned:
+                return
+        elif FOREGROUND_FINALIZER not in finalizers or uid in self._collected or uid in self._orphaning:
+            return
+        else:
+            self._collected.add(uid)
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if not self.active:
+            return
+        for inf in self.informers:
+            for name, (owner, summary) in inf.store.get(key, {}).items():
+                if owner == uid and not getattr(summary, "deleting", False):
+                    self._doomed.append((key, f"{inf.collection(key[0])}/{name}", getattr(summary, "uid", None) or None))
+        # A few deleters drain the queue: a thousand jobs deleted at once queue 6,000 small
+        # tuples, not 6,000 waiting coroutines.
+        for _ in range(min(len(self._doomed), self.api.concurrency - self._deleters)):
+            self._deleters += 1
+            task = running.create_task(self._delete_doomed(), name="delete the children of deleted jobs")
+            self._collections.add(task)
+            task.add_done_callback(self._collections.discard)
+
+    async def _delete_doomed(self) -> None:
+        failed, first = 0, None
+        try:
+            while self._doomed:
+                key, path, uid = self._doomed.popleft()
+                try:
+                    await self.api.delete(path, uid=uid, owner=key)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - the garbage collector deletes it still
+                    failed, first = failed + 1, first or f"{path}: {e}"
+        finally:
+            self._deleters -= 1
+        if failed:
+            logger.info("%d deletions of deleted jobs' children failed (first: %s); the garbage collector "
+                        "deletes them", failed, first)
+        if not self._deleters:  # the last one: what the deletions took goes back too
+            self._trim_soon()
 
     def forget(self, key: JobKey) -> None:
         """Stops and drops the loop of job ``key`` (deleted, or being deleted), and what the

@@ -84,6 +84,25 @@ def test_metrics_change_as_jobs_run(running_operator, namespace):
     assert not [k for k in after if "counted" in k or "broken" in k], "no job names in labels"
 
 
+def test_a_deleted_jobs_children_are_deleted_by_the_operator_not_left_to_the_collector(running_operator, namespace):
+    """The operator DELETEs a deleted job's pods, Service and ConfigMap itself (the garbage
+    collector, at kube-controller-manager's client rate, would take minutes for many jobs);
+    tests/e2e/test_reliability.py has a job deleted with --cascade=orphan keep its pods."""
+    c = running_operator
+    args = c.operator_process.args
+    port = int(args[args.index("--metrics-port") + 1])
+    apply(c, namespace, job_manifest("collected", [("procs", 4)], ["-m", "train"], kwok=True))
+    wait_phase(c, namespace, "collected", "Running", timeout=120)
+    before = scrape(port)
+    c.kubectl("delete", "spmdjob", "collected", "-n", namespace, "--wait=true", timeout=120)
+    wait_until(lambda: not job_pods(c, namespace, "collected"), 120, "the deleted job's pods gone")
+    after = scrape(port)
+    # Every child is asked for once, whether the collector was there first (404) or not (200).
+    deletes = sum(value(after, "spmdjob_api_requests_total", verb="delete", outcome=o)
+                  - value(before, "spmdjob_api_requests_total", verb="delete", outcome=o) for o in ("2xx", "4xx"))
+    assert deletes >= 6, (deletes, "4 pods, the Service and the ConfigMap")
+
+
 # --- two replicas, one leader -------------------------------------------------------------------
 
 

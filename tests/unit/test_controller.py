@@ -891,3 +891,129 @@ def test_a_refused_status_patch_fails_the_pass_before_any_pod_and_leaves_no_writ
     assert sorted(api.posted("configmaps") + api.posted("services")) == sorted(
         [names.configmap_name(JOB), names.service_name(JOB, 0)])
     assert len(api.posted("pods")) == 4
+
+
+# --- a deleted job's children: deleted by the operator at once, unless orphaned ------------------
+
+
+def deleted_job(c, api, *events):
+    """Runs the first pass (the job's pods, Service and ConfigMap), lets the informers see them,
+    then hands the controller (the leader) the job's watch events; returns the paths DELETEd."""
+    loop = c.jobs[JOB.key]
+    run_pass(c, loop)
+    sync_informers(c, api)
+    before = len(api.calls)
+
+    async def scenario():
+        c.active = True
+        for event_type, meta in events:
+            body = job_body()
+            body["metadata"].update(meta)
+            c.observe_job(event_type, body)
+            assert len(c._collections) <= api.concurrency, "a few deleters, not a task per child"
+            await asyncio.sleep(0)
+        await asyncio.gather(*c._collections)
+
+    asyncio.run(scenario())
+    return sorted(path for verb, path, _ in api.calls[before:] if verb == "delete")
+
+
+def children(api):
+    return sorted(f"{p}/{n}" for (p, n) in api.objects if p.rsplit("/", 1)[-1] in ("pods", "services", "configmaps"))
+
+
+def test_a_deleted_jobs_children_are_deleted_by_the_operator_not_left_to_the_collectors_pace():
+    api = FakeApi(job_body())
+    c, _ = make(api)
+    deleted = deleted_job(c, api, ("DELETED", {}))
+    assert len([p for p in deleted if "/pods/" in p]) == 4, deleted
+    assert any("/services/" in p for p in deleted) and any("/configmaps/" in p for p in deleted), deleted
+    assert children(api) == [], "every child of the deleted job is gone"
+    assert JOB.key not in c.jobs
+
+
+def test_the_children_are_deleted_by_no_more_deleters_than_the_clients_concurrency():
+    api = FakeApi(job_body())
+    api.concurrency = 2
+    c, _ = make(api)
+    assert len(deleted_job(c, api, ("DELETED", {}))) == 6
+    assert children(api) == [] and not c._doomed
+
+
+def test_the_memory_is_handed_back_after_the_last_child_is_deleted_not_only_after_the_forget(monkeypatch):
+    """The deletions go on after the job is forgotten (a thousand jobs: a minute); the trim that
+    follows the forget ran while they did, so the last deleter asks for another."""
+    trims = []
+    monkeypatch.setattr(controller, "trim_memory", lambda: trims.append(len(api.calls)) or True)
+    monkeypatch.setattr(controller, "TRIM_DELAY_SECONDS", 0.0)
+    api = FakeApi(job_body())
+    c, loop = make(api)
+    run_pass(c, loop)
+    sync_informers(c, api)
+    real_delete = api.delete
+
+    async def slow_delete(path, **kw):
+        await asyncio.sleep(0.01)
+        return await real_delete(path, **kw)
+
+    api.delete = slow_delete
+
+    async def scenario():
+        c.active = True
+        c.observe_job("DELETED", job_body())
+        await asyncio.gather(*c._collections)
+        await asyncio.sleep(0.05)
+
+    asyncio.run(scenario())
+    assert children(api) == []
+    assert trims and trims[-1] == len(api.calls), "a trim after the last deletion"
+
+
+def test_a_job_deleted_with_cascade_orphan_keeps_its_children():
+    api = FakeApi(job_body())
+    c, _ = make(api)
+    deleting = {"deletionTimestamp": "2026-01-01T00:00:00Z"}
+    deleted = deleted_job(c, api, ("MODIFIED", {**deleting, "finalizers": ["orphan"]}), ("DELETED", deleting))
+    assert deleted == [], "kubectl delete --cascade=orphan: the children stay"
+    assert len([p for p in children(api) if "/pods/" in p]) == 4
+    assert c._orphaning == set(), "forgotten once the job is gone"
+
+
+def test_a_foreground_deletion_is_collected_once_and_another_finalizer_waits_for_the_deletion():
+    api = FakeApi(job_body())
+    c, _ = make(api)
+    deleting = {"deletionTimestamp": "2026-01-01T00:00:00Z"}
+    deleted = deleted_job(c, api, ("MODIFIED", {**deleting, "finalizers": ["foregroundDeletion"]}),
+                          ("MODIFIED", {**deleting, "finalizers": ["foregroundDeletion"]}), ("DELETED", deleting))
+    assert len(deleted) == len(set(deleted)) == 6, deleted  # 4 pods, the Service, the ConfigMap: once each
+    assert c._collected == set()
+
+    api = FakeApi(job_body())
+    c, _ = make(api)
+    assert deleted_job(c, api, ("MODIFIED", {**deleting, "finalizers": ["example.com/archive-logs"]})) == [], \
+        "held by someone else's finalizer: nothing is deleted before the job is"
+    assert len(children(api)) == 6
+
+
+def test_a_standby_replica_and_a_namesakes_children_are_left_alone():
+    api = FakeApi(job_body())
+    c, loop = make(api)
+    run_pass(c, loop)
+    sync_informers(c, api)
+    before = len(api.calls)
+
+    async def standby():
+        c.active = False
+        c.observe_job("DELETED", job_body())
+        await asyncio.sleep(0.05)
+
+    asyncio.run(standby())
+    assert [v for v, _, _ in api.calls[before:] if v == "delete"] == [], "a standby replica writes nothing"
+    assert c._collections == set()
+
+    api = FakeApi(job_body())
+    c, _ = make(api)
+    other = job_body()
+    other["metadata"]["uid"] = "a-namesake"  # deleted, and created again under the same name
+    assert deleted_job(c, api, ("ADDED", other["metadata"]), ("DELETED", other["metadata"])) == [], \
+        "the children belong to the first job, not to the namesake deleted"
