@@ -1011,6 +1011,24 @@ def test_a_standby_replica_and_a_namesakes_children_are_left_alone():
     assert [v for v, _, _ in api.calls[before:] if v == "delete"] == [], "a standby replica writes nothing"
     assert c._collections == set()
 
+    # A standby that saw the foreground marking, then leads when the job is gone: it collects.
+    api = FakeApi(job_body())
+    c, loop = make(api)
+    run_pass(c, loop)
+    sync_informers(c, api)
+    marked = job_body()
+    marked["metadata"].update({"deletionTimestamp": "2026-01-01T00:00:00Z", "finalizers": ["foregroundDeletion"]})
+
+    async def standby_then_leader():
+        c.active = False
+        c.observe_job("MODIFIED", marked)
+        c.active = True
+        c.observe_job("DELETED", job_body())
+        await asyncio.gather(*c._collections)
+
+    asyncio.run(standby_then_leader())
+    assert children(api) == [], "collected by the replica that leads at the deletion"
+
     api = FakeApi(job_body())
     c, _ = make(api)
     other = job_body()
