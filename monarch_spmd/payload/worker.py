@@ -128,7 +128,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -335,6 +335,8 @@ def worker_input_env(
     pod_layout: str = PER_PROC,
     mode: str = MODE_PROGRAM,
     monarch_port: int = DEFAULT_MONARCH_PORT,
+    defaults: bool = True,
+    keep: Collection[str] = (),
     **optional: Any,
 ) -> dict[str, str]:
     """The MONARCH_SPMD_* variables for one proc: what the operator and the local runner inject.
@@ -345,6 +347,13 @@ def worker_input_env(
     ``agent_addr``, ``disruptions``, ``permanent_exit_codes`` ... ``tee``); each is written only
     when given and not None. Values are checked by parsing the result back, so a bad argument
     raises :class:`WorkerInputError` naming the variable.
+
+    ``defaults=False`` leaves out every input whose value is the worker's default (an absent
+    variable means the same to :func:`read_inputs`), except the mesh, the coordinates, the master
+    and the attempt (MONARCH_SPMD_RESTART_COUNT), which are always written, and the variables
+    named in ``keep`` (a pod template that refers to one as ``$(NAME)``). The operator builds its
+    pods so: thousands of pods carry the variables in every copy the API server stores, sends to
+    each watcher and decodes.
     """
     env = {
         MESH_VAR: contract.format_mesh(mesh),
@@ -367,7 +376,11 @@ def worker_input_env(
             raise TypeError(f"worker_input_env: unknown input {key!r}; expected one of {', '.join(OPTIONAL_INPUTS)}")
         if value is not None:
             env[OPTIONAL_INPUTS[key]] = _format_input(value)
-    read_inputs(env)
+    inputs = read_inputs(env)
+    if not defaults:
+        for var in [v for v in env if v in _DEFAULTABLE and v not in keep]:
+            if getattr(inputs, _DEFAULTABLE[var]) == _FIELD_DEFAULTS[_DEFAULTABLE[var]]:
+                del env[var]
     return env
 
 
@@ -391,6 +404,22 @@ OPTIONAL_INPUTS: Final = {
     "redirects": REDIRECTS_VAR,
     "tee": TEE_VAR,
 }
+
+
+#: The inputs :func:`worker_input_env` may leave out when they hold the default: variable -> field.
+_DEFAULTABLE: Final = {
+    MAX_RESTARTS_VAR: "max_restarts",
+    RUN_ID_VAR: "run_id",
+    ROLE_NAME_VAR: "role_name",
+    RENDEZVOUS_TIMEOUT_VAR: "rendezvous_timeout",
+    LOCAL_RANK_SCOPE_VAR: "local_rank_scope",
+    POD_LAYOUT_VAR: "pod_layout",
+    MODE_VAR: "mode",
+    MONARCH_PORT_VAR: "monarch_port",
+    **{var: field for field, var in OPTIONAL_INPUTS.items()},
+}
+_FIELD_DEFAULTS: Final = {f.name: f.default for f in dataclasses.fields(WorkerInputs)
+                          if f.default is not dataclasses.MISSING}
 
 
 def _format_input(value: Any) -> str:

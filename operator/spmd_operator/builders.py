@@ -12,7 +12,8 @@ What a pod gets (docs/interfaces.md is the contract):
 * command ``[spec.python, /opt/monarch-spmd/payload/worker.py, --, *spec.args]``: the worker,
   shipped in the ``<job>-<id>-worker`` ConfigMap and mounted read-only, so a stock PyTorch image
   works;
-* the MONARCH_SPMD_* inputs of :func:`monarch_spmd.payload.worker.worker_input_env` plus POD_NAME,
+* the MONARCH_SPMD_* inputs of :func:`monarch_spmd.payload.worker.worker_input_env` that differ
+  from the worker's defaults (the mesh, coordinates, master and attempt always) plus POD_NAME,
   POD_NAMESPACE, POD_IP and NODE_NAME from the downward API (always the pod's own); a variable the
   user's ``trainer`` container sets keeps the user's value (the spec lets users set only the
   harmless ones: no torchrun contract variable, no MONARCH_SPMD_* input but two);
@@ -43,7 +44,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import importlib.resources
-from collections.abc import Mapping
+import re
+from collections.abc import Collection, Mapping
 from typing import Any, Final
 
 from monarch_spmd import policy
@@ -210,14 +212,16 @@ def _trainer_index(containers: list[Any]) -> int | None:
 
 
 def pod_env(job: JobRef, spec: JobSpec, index: int, restart: int, *, restart_count: int | None = None,
-            disruptions: int = 0) -> list[dict[str, Any]]:
-    """The operator's env of a pod: the downward API variables, then the MONARCH_SPMD_* inputs.
+            disruptions: int = 0, keep: Collection[str] = ()) -> list[dict[str, Any]]:
+    """The operator's env of a pod: the downward API variables, then the MONARCH_SPMD_* inputs
+    that differ from the worker's defaults (and the mesh, coordinates, master and attempt, always).
 
     Args:
         restart: the gang attempt the pod belongs to (its MASTER_ADDR).
         restart_count: MONARCH_SPMD_RESTART_COUNT, when it is not ``restart``: a pod replaced
             alone during a restart in place joins the gang's open round.
         disruptions: restarts so far that do not count against maxRestarts (restart in place).
+        keep: inputs written even when they hold the default (the template refers to them).
     """
     inputs = worker.worker_input_env(
         spec.mesh_pairs,
@@ -232,6 +236,8 @@ def pod_env(job: JobRef, spec: JobSpec, index: int, restart: int, *, restart_cou
         pod_layout=spec.pod_layout,
         mode=spec.mode,
         monarch_port=MONARCH_PORT,
+        defaults=False,
+        keep=keep,
         **policy.in_place_inputs(spec, disruptions),
     )
     env: list[dict[str, Any]] = [
@@ -239,6 +245,17 @@ def pod_env(job: JobRef, spec: JobSpec, index: int, restart: int, *, restart_cou
     ]
     env.extend({"name": k, "value": v} for k, v in inputs.items())
     return env
+
+
+_REFERENCE = re.compile(r"\$\((MONARCH_SPMD_[A-Z0-9_]+)\)")
+
+
+def _referenced(trainer: Mapping[str, Any], spec: JobSpec) -> set[str]:
+    """The MONARCH_SPMD_* inputs the user's trainer refers to as ``$(NAME)`` in its env or argv:
+    the kubelet expands only variables the container has, so those are written even at their
+    default."""
+    texts = [*spec.args, *(str(e.get("value") or "") for e in trainer.get("env") or [] if isinstance(e, Mapping))]
+    return {name for text in texts if "$(" in text for name in _REFERENCE.findall(text)}
 
 
 def _merge_env(ours: list[dict[str, Any]], user: list[Any]) -> list[dict[str, Any]]:
@@ -348,7 +365,8 @@ def build_pod(job: JobRef, spec: JobSpec, index: int, restart: int, *, replaceme
     agent = policy.agent_port(spec)
     if agent is not None:
         _serve_agent(trainer, agent)
-    env = pod_env(job, spec, index, restart, restart_count=restart_count, disruptions=disruptions)
+    env = pod_env(job, spec, index, restart, restart_count=restart_count, disruptions=disruptions,
+                  keep=_referenced(trainer, spec))
     trainer["env"] = _merge_env(env, list(trainer.get("env") or []))
     mounts = [m for m in trainer.get("volumeMounts") or [] if m.get("name") != names.WORKER_VOLUME]
     mounts.append({"name": names.WORKER_VOLUME, "mountPath": names.WORKER_MOUNT_PATH, "readOnly": True})

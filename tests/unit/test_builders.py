@@ -238,7 +238,37 @@ def test_user_may_force_mesh_scope_with_gpus():
 def test_no_gpus_means_no_gpu_limit_and_mesh_scope():
     pod = builders.build_pod(JOB, spec(), 0, 0)
     assert "resources" not in trainer(pod)
-    assert env_of(pod)[worker.LOCAL_RANK_SCOPE_VAR] == "mesh"
+    env = env_of(pod)
+    assert worker.LOCAL_RANK_SCOPE_VAR not in env, "mesh is the worker's default: not written"
+    assert worker.read_inputs({k: v for k, v in env.items() if isinstance(v, str)}).local_rank_scope == "mesh"
+
+
+def test_pod_env_leaves_out_the_inputs_at_the_workers_default_and_the_worker_reads_the_same():
+    # The default InPlace policy writes 22 variables; every one at the worker's default is left
+    # out (4,096 pods carry them in every stored copy and every watch event).
+    s = parse_job_spec({**BASE, "mesh": [{"name": "procs", "size": 8}]}, require_image=True)
+    pod = builders.build_pod(JOB, s, 5, 0)
+    env = env_of(pod)
+    assert [name for name in env if name.startswith("MONARCH_SPMD_")] == [
+        "MONARCH_SPMD_MESH", "MONARCH_SPMD_COORDS", "MONARCH_SPMD_MASTER_ADDR", "MONARCH_SPMD_MASTER_PORT",
+        "MONARCH_SPMD_RESTART_COUNT", "MONARCH_SPMD_MAX_RESTARTS", "MONARCH_SPMD_RUN_ID", "MONARCH_SPMD_AGENT_PORT"]
+    full = worker.worker_input_env(
+        s.mesh_pairs, builders.pod_coords(s, 5), names.master_addr(JOB, 0), s.master_port, restart_count=0,
+        max_restarts=s.max_restarts, run_id=JOB.uid, rendezvous_timeout=s.rendezvous_timeout_seconds,
+        local_rank_scope=policy.local_rank_scope(s), pod_layout=s.pod_layout, **policy.in_place_inputs(s))
+    assert len(full) == 18, "10 of them left out"
+    assert worker.read_inputs({k: v for k, v in env.items() if isinstance(v, str)}) == worker.read_inputs(full)
+
+
+def test_an_input_the_template_refers_to_is_written_even_at_its_default():
+    # The kubelet expands $(NAME) only for a variable the container has.
+    template = {"spec": {"containers": [{"name": "trainer", "env": [
+        {"name": "LOG_PREFIX", "value": "$(MONARCH_SPMD_ROLE_NAME)-$(POD_NAME)"}]}]}}
+    s = spec(args=["-m", "train", "--grace", "$(MONARCH_SPMD_STOP_GRACE)"], template=template)
+    env = env_of(builders.build_pod(JOB, s, 0, 0))
+    assert env["MONARCH_SPMD_ROLE_NAME"] == "default"
+    assert env["MONARCH_SPMD_STOP_GRACE"] == "30"
+    assert "MONARCH_SPMD_JOIN_TIMEOUT" not in env, "not referred to: left out"
 
 
 def test_colocate_prefers_the_node_of_the_same_first_coordinate():

@@ -181,6 +181,40 @@ def test_worker_input_env_round_trips():
     assert (inputs.rank, inputs.master_port, inputs.restart_count, inputs.local_rank_scope) == (3, 1234, 2, "pod")
 
 
+@pytest.mark.parametrize("given", [
+    {},
+    {"mode": "Monarch", "pod_layout": "PerHost", "monarch_port": 26600},
+    {"mode": "Monarch", "pod_layout": "PerHost", "monarch_port": 26601},
+    {"agent_port": 29400, "disruptions": 0, "backoff": 10.0, "max_backoff": 300.0, "backoff_reset": 300.0,
+     "join_timeout": 120.0, "member_failure_limit": 3, "stop_grace": 30.0, "failure_output": "Tail"},
+    {"agent_port": 29400, "disruptions": 2, "backoff": 0.5, "join_timeout": 7.0, "stop_grace": 1.0,
+     "failure_output": "None", "role_name": "r", "rendezvous_timeout": 10, "local_rank_scope": "pod",
+     "max_restarts": 4, "run_id": "uid", "redirects": "0:3", "tee": "2", "log_dir": "/l"},
+])
+def test_inputs_left_out_at_their_default_read_back_the_same(given):
+    args = ([("hosts", 2), ("gpus", 2)], [1] if given.get("pod_layout") == "PerHost" else [1, 0], "m.svc", 1234)
+    full = worker_input_env(*args, **given)
+    lean = worker_input_env(*args, defaults=False, **given)
+    assert read_inputs(lean) == read_inputs(full)
+    assert set(lean) <= set(full)
+    # The identity of the rank and its attempt are always written, default or not.
+    assert {worker.MESH_VAR, worker.COORDS_VAR, worker.MASTER_ADDR_VAR, worker.MASTER_PORT_VAR,
+            worker.RESTART_COUNT_VAR} <= set(lean)
+    # Only variables at the default went, and each one that differs stayed.
+    assert all(worker_input_env(*args, keep=[var], defaults=False, **given).get(var) == full[var] for var in full)
+    left_out = set(full) - set(lean)
+    for var in set(full) - left_out - {worker.MESH_VAR, worker.COORDS_VAR, worker.MASTER_ADDR_VAR,
+                                       worker.MASTER_PORT_VAR, worker.RESTART_COUNT_VAR}:
+        try:
+            without = read_inputs({k: v for k, v in full.items() if k != var})
+        except worker.WorkerInputError:
+            continue  # needed: the rest does not even parse without it
+        assert without != read_inputs(full), f"{var} is at its default"
+    if given == {}:
+        assert left_out == {worker.ROLE_NAME_VAR, worker.RENDEZVOUS_TIMEOUT_VAR, worker.LOCAL_RANK_SCOPE_VAR,
+                            worker.POD_LAYOUT_VAR, worker.MAX_RESTARTS_VAR, worker.RUN_ID_VAR}
+
+
 def test_the_restart_in_place_inputs_round_trip():
     env = worker_input_env(
         [("hosts", 2), ("gpus", 4)], [1], "m.svc", 1234, pod_layout="PerHost", max_restarts=3,
