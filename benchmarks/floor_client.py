@@ -3,7 +3,7 @@
 Run by ``benchmarks.operator_scale`` as its own process (like the operators it is compared with,
 so it does not share an interpreter with the benchmark's watchers):
 
-    python -m benchmarks.floor_client --kubeconfig K --namespace NS --count N [--threads 32]
+    python -m benchmarks.floor_client --kubeconfig K --namespace NS --count N [--threads 32] [--bodies operator]
 
 It loads, builds every pod body, prints ``ready``, waits for one line on stdin (the start
 signal, sent right after the caller took its start timestamp), creates the pods from a thread
@@ -28,13 +28,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--namespace", required=True)
     ap.add_argument("--count", type=int, required=True)
     ap.add_argument("--threads", type=int, default=32)
+    ap.add_argument("--bodies", choices=("plain", "operator"), default="plain",
+                    help="operator: the pods the SPMDJob operator builds for the same job")
     args = ap.parse_args(argv)
 
-    from benchmarks.operator_scale import floor_pod
+    from benchmarks.operator_scale import floor_pod, operator_pod
 
     client = kube.Kube(args.kubeconfig, pool=args.threads)
     path = f"/api/v1/namespaces/{args.namespace}/pods"
-    bodies = [floor_pod(args.namespace, i) for i in range(args.count)]
+    bodies = [floor_pod(args.namespace, i) if args.bodies == "plain" else operator_pod(args.namespace, i, args.count)
+              for i in range(args.count)]
     errors: list[str] = []
 
     def create(body: dict) -> None:

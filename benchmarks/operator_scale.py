@@ -27,6 +27,7 @@ all-Running time). JSON goes to ``benchmarks/out/operator_scale.json``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import secrets
 import shutil
@@ -138,6 +139,34 @@ def jobset(ns: str, n: int) -> dict:
     }
 
 
+#: What the floor client creates: its own minimal pods, or the pods the SPMDJob operator builds.
+FLOOR_BODIES = ("plain", "operator")
+
+
+def operator_pod(ns: str, i: int, n: int) -> dict:
+    """Pod ``i`` as the SPMDJob operator builds it for :func:`spmdjob` (``ns``, ``n``), labelled as
+    a floor pod and without the owner reference (no job owns it: the garbage collector would
+    delete it). What the API server does with the operator's bodies, without the operator."""
+    from spmd_operator import builders
+    from spmd_operator.names import JobRef
+
+    spec = _operator_spec(ns, n)
+    pod = builders.build_pod(JobRef(name=JOB, namespace=ns, uid=FLOOR_UID), spec, i, 0)
+    pod["metadata"].pop("ownerReferences", None)
+    pod["metadata"]["labels"].update({"spmd-bench/job": JOB, "spmd-bench/rank": str(i)})
+    return pod
+
+
+FLOOR_UID = "00000000-0000-4000-8000-00000000f100"
+
+
+@functools.lru_cache(maxsize=4)
+def _operator_spec(ns: str, n: int):
+    from monarch_spmd.spec import parse_job_spec
+
+    return parse_job_spec(spmdjob(ns, n)["spec"], require_image=True)
+
+
 def floor_pod(ns: str, i: int) -> dict:
     return {
         "apiVersion": "v1",
@@ -218,7 +247,7 @@ def stop_profiler(profiler) -> str | None:
 
 
 def trial(cluster: Cluster, actor: str, n: int, timeout: float, log_dir: Path, rep: int = 0,
-          profile_dir: Path | None = None) -> dict:
+          profile_dir: Path | None = None, floor_bodies: str = "plain") -> dict:
     """One job of N pods by one actor in a fresh namespace; returns its record."""
     admin = cluster.admin
     ns = f"bench-{actor}-{n}-{secrets.token_hex(3)}"
@@ -256,7 +285,7 @@ def trial(cluster: Cluster, actor: str, n: int, timeout: float, log_dir: Path, r
         if actor == "floor":
             floor = subprocess.Popen(
                 [PY, "-m", "benchmarks.floor_client", "--kubeconfig", str(idents[0].kubeconfig),
-                 "--namespace", ns, "--count", str(n), "--threads", str(FLOOR_THREADS)],
+                 "--namespace", ns, "--count", str(n), "--threads", str(FLOOR_THREADS), "--bodies", floor_bodies],
                 cwd=REPO, env=python_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             if floor.stdout.readline().strip() != "ready":
                 raise RuntimeError(f"floor client did not start (exit {floor.wait()})")
@@ -396,6 +425,9 @@ def render(result: dict) -> str:
     head = (
         f"Operator scale on kwok nodes: median of {result['params']['reps']}; seconds from submission "
         "(ratio to the no-operator floor); API requests the controller made; its peak RSS\n"
+        + ("the floor creates the pods the SPMDJob operator builds\n"
+           if result["params"].get("floor_bodies") == "operator" else "")
+        + 
         f"{machine_line(m)}\n"
     )
     rows = []
@@ -437,6 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", metavar="DIR",
                     help="sample the SPMDJob operator with py-spy during each of its jobs (raw stacks in DIR)")
     ap.add_argument("--json", help="output path (default benchmarks/out/operator_scale.json)")
+    ap.add_argument("--floor-bodies", choices=FLOOR_BODIES, default="plain",
+                    help="the floor's pods: its own minimal ones (default), or those the SPMDJob operator "
+                         "builds for the same job (what the API server does with the operator's pods, without it)")
     args = ap.parse_args(argv)
     if "floor" not in args.actors:
         args.actors.insert(0, "floor")
@@ -454,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
                 step += 1
                 for actor in args.actors[k:] + args.actors[:k]:
                     rec = trial(cluster, actor, n, args.trial_timeout, cluster.state_dir / "logs", rep,
-                                Path(args.profile) if args.profile and actor == "spmdjob" else None)
+                                Path(args.profile) if args.profile and actor == "spmdjob" else None, args.floor_bodies)
                     runs.append(rec)
                     brief = (f"created {rec.get('created_s', 0):.2f}s, running {rec.get('running_s', 0):.2f}s, "
                              f"job {rec.get('phase_running_s') or 0:.2f}s, {rec.get('api_requests')} requests, "
@@ -467,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python", "-m", "benchmarks.operator_scale", *(argv if argv is not None else sys.argv[1:])]),
         "machine": machine(),
         "params": {"sizes": args.sizes, "actors": args.actors, "reps": args.reps, "trial_timeout_s": args.trial_timeout,
-                   "floor_threads": FLOOR_THREADS, "kwok_nodes": args.kwok_nodes,
+                   "floor_threads": FLOOR_THREADS, "floor_bodies": args.floor_bodies, "kwok_nodes": args.kwok_nodes,
                    "kwok_pods_per_node": KWOK_PODS_PER_NODE, "pytorchjob_version": "v1.9.3",
                    "jobset_version": "v0.12.0"},
         "elapsed_s": time.monotonic() - t_start,

@@ -166,6 +166,36 @@ def test_operator_scale_smoke(cluster, bench_env, pytorchjob_build, jobset_build
             assert positive(row[key]), (actor, key, row)
 
 
+def test_the_floor_can_create_the_operators_own_pods() -> None:
+    from benchmarks.operator_scale import operator_pod, spmdjob
+    from monarch_spmd.spec import parse_job_spec
+    from spmd_operator import builders
+    from spmd_operator.names import JobRef
+
+    pod = operator_pod("ns", 5, 16)
+    spec = parse_job_spec(spmdjob("ns", 16)["spec"], require_image=True)
+    built = builders.build_pod(JobRef(name=pod["metadata"]["labels"]["spmd.monarch.dev/job"], namespace="ns",
+                                      uid=pod["metadata"]["labels"]["spmd.monarch.dev/job-uid"]), spec, 5, 0)
+    assert pod["spec"] == built["spec"], "the operator's pod spec, env and all"
+    assert "ownerReferences" not in pod["metadata"], "no job owns it: the collector would delete it"
+    assert pod["metadata"]["labels"] == {**built["metadata"]["labels"], "spmd-bench/job": "scale", "spmd-bench/rank": "5"}
+
+
+@pytest.mark.cluster
+def test_operator_scale_floor_with_the_operators_bodies(cluster, bench_env, tmp_path: Path) -> None:
+    out = tmp_path / "scale.json"
+    result = run_benchmark(
+        "benchmarks.operator_scale", "--sizes", "8", "--actors", "floor", "--floor-bodies", "operator", "--reps", "1",
+        "--kubeconfig", str(cluster.kubeconfig), "--state-dir", str(tmp_path / "state"),
+        "--trial-timeout", "300", "--json", str(out), env=bench_env)
+    assert "the floor creates the pods the SPMDJob operator builds" in result.stdout
+    data = json.loads(out.read_text())
+    assert data["params"]["floor_bodies"] == "operator"
+    (row,) = data["results"]
+    assert row["ok"] and row["api_requests"] == 8, row
+    assert row["running_s"] >= row["created_s"] > 0
+
+
 @pytest.mark.cluster
 def test_gang_restart_smoke(cluster, bench_env, tmp_path: Path) -> None:
     out = tmp_path / "restart.json"
