@@ -90,7 +90,7 @@ KIND: Final = names.KIND
 PLURAL: Final = names.PLURAL
 
 #: A job's name is a DNS-1035 label of at most this many characters, so that every child's name
-#: (``<job>-<id>-r<restart>-<rank>``, ``<job>-<id>-m<restart>``, ``<job>-<id>-worker``) stays a valid DNS label.
+#: (``<job>-<id>-r<restart>-<rank>``, ``<job>-<id>-m<restart>``) stays a valid DNS label.
 MAX_JOB_NAME_LENGTH: Final = 50
 #: A mesh dimension name becomes the label key ``spmd.monarch.dev/coord-<name>``, whose name part
 #: may hold 63 characters, so a dimension name may hold 63 - len("coord-") = 57.

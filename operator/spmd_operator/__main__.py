@@ -55,6 +55,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
              "point of the second half of the period)",
     )
     parser.add_argument(
+        "--payload-grace-seconds", type=float, default=None, metavar="S",
+        help="how long a namespace's payload ConfigMap (the worker every pod mounts) outlives the last "
+             "unfinished job there before the operator deletes it (default 300)",
+    )
+    parser.add_argument(
         "--metrics-port", type=int, default=None, metavar="PORT",
         help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics (default 9090; 0 turns them off)",
     )
@@ -84,6 +89,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--resync-seconds must be greater than 0")
     if args.check_seconds is not None and not args.check_seconds > 0:
         parser.error("--check-seconds must be greater than 0")
+    if args.payload_grace_seconds is not None and not args.payload_grace_seconds >= 0:
+        parser.error(f"--payload-grace-seconds: {args.payload_grace_seconds} is negative; valid is 0 or more")
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
         parser.error(f"--metrics-port: {args.metrics_port} is out of range; valid is 0..65535 (0 turns metrics off)")
     from .leader import DEFAULT_LEASE_NAME, LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD, Timings
@@ -111,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import kopf
 
     from . import handlers  # noqa: F401  (registers the handlers)
-    from .controller import DEFAULT_CHECK_SECONDS, DEFAULT_RESYNC_SECONDS
+    from .controller import DEFAULT_CHECK_SECONDS, DEFAULT_PAYLOAD_GRACE_SECONDS, DEFAULT_RESYNC_SECONDS
     from .kube import DEFAULT_CONCURRENCY
     from .metrics import DEFAULT_PORT
 
@@ -129,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         namespaces=[] if args.all_namespaces else list(args.namespace),
         resync_seconds=args.resync_seconds or DEFAULT_RESYNC_SECONDS,
         check_seconds=args.check_seconds or DEFAULT_CHECK_SECONDS,
+        payload_grace_seconds=(DEFAULT_PAYLOAD_GRACE_SECONDS if args.payload_grace_seconds is None
+                               else args.payload_grace_seconds),
         metrics_port=DEFAULT_PORT if args.metrics_port is None else args.metrics_port,
         leader_election=election,
     )

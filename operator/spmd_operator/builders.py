@@ -1,5 +1,5 @@
-"""Pure functions that build an SPMDJob's children as plain dicts: Service, ConfigMap, Pods,
-PodGroups and the Kueue Workload.
+"""Pure functions that build an SPMDJob's children as plain dicts: Service, Pods, PodGroups and
+the Kueue Workload; and the namespace's payload ConfigMap, which its jobs share.
 
 Where it sits: above :mod:`spmd_operator.names` and the library (:mod:`monarch_spmd.spec` for the
 parsed spec, :mod:`monarch_spmd.policy` for the shared rules, the payload's worker for its input
@@ -10,8 +10,8 @@ nothing is rendered from YAML text.
 What a pod gets (docs/interfaces.md is the contract):
 
 * command ``[spec.python, /opt/monarch-spmd/payload/worker.py, --, *spec.args]``: the worker,
-  shipped in the ``<job>-<id>-worker`` ConfigMap and mounted read-only, so a stock PyTorch image
-  works;
+  shipped in the namespace's ``monarch-spmd-payload-<hash>`` ConfigMap (:func:`build_worker_configmap`)
+  and mounted read-only, so a stock PyTorch image works;
 * the MONARCH_SPMD_* inputs of :func:`monarch_spmd.payload.worker.worker_input_env` that differ
   from the worker's defaults (the mesh, coordinates, master and attempt always) plus POD_NAME,
   POD_NAMESPACE, POD_IP and NODE_NAME from the downward API (always the pod's own); a variable the
@@ -42,6 +42,7 @@ What a pod gets (docs/interfaces.md is the contract):
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import importlib.resources
 import re
@@ -136,7 +137,7 @@ def build_service(job: JobRef, spec: JobSpec, restart: int) -> dict[str, Any]:
 def worker_files() -> dict[str, str]:
     """Reads the payload (every ``*.py`` of ``monarch_spmd/payload``) from the installed package.
 
-    Called once at operator start; the texts go into every job's ConfigMap. The package boundary
+    Called once at operator start; the texts go into the payload ConfigMaps. The package boundary
     is the list: whatever the payload package holds is shipped, nothing else.
 
     Raises:
@@ -157,25 +158,44 @@ def worker_files() -> dict[str, str]:
 
 
 def payload_hash(files: Mapping[str, str]) -> str:
-    """A short hash of the payload's files: the ConfigMap's annotation, compared on every pass."""
+    """A short hash of the payload's files: the end of the payload ConfigMap's name."""
     digest = hashlib.sha256()
     for name in sorted(files):
         digest.update(name.encode() + b"\0" + files[name].encode() + b"\0")
     return digest.hexdigest()[:16]
 
 
-def build_worker_configmap(job: JobRef, files: Mapping[str, str]) -> dict[str, Any]:
-    """The ConfigMap ``<job>-<id>-worker``: the payload's files, mounted into every pod.
+@functools.lru_cache(maxsize=1)
+def installed_payload_configmap() -> str:
+    """The payload ConfigMap's name for the installed package's payload (:func:`build_pod`'s default)."""
+    return names.payload_configmap_name(payload_hash(worker_files()))
+
+
+def build_worker_configmap(namespace: str, files: Mapping[str, str]) -> dict[str, Any]:
+    """The ConfigMap ``monarch-spmd-payload-<hash>`` of ``namespace``: the payload's files,
+    mounted into every pod of the namespace's jobs.
+
+    One per namespace and payload, not one per job: the payload is about 160 KB, which 1,000 jobs
+    would each have written to etcd and sent through the API server (160 MB). It is immutable
+    (the kubelets need not watch it; a new payload is a new name, so an upgraded operator's pods
+    mount the new one while the running pods keep theirs) and has no owner: the operator deletes
+    it once no unfinished job of the namespace is left (:meth:`Controller.sweep_payloads`).
 
     Args:
-        job: the owning job.
+        namespace: the jobs' namespace.
         files: file name -> text, as :func:`worker_files` returns.
     """
-    annotations = {names.PAYLOAD_HASH_ANNOTATION: payload_hash(files)}
+    digest = payload_hash(files)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _metadata(job, names.configmap_name(job), job_labels(job), annotations),
+        "metadata": {
+            "name": names.payload_configmap_name(digest),
+            "namespace": namespace,
+            "labels": {names.LABEL_PAYLOAD: digest},
+            "annotations": {names.PAYLOAD_HASH_ANNOTATION: digest},
+        },
+        "immutable": True,
         "data": dict(files),
     }
 
@@ -319,7 +339,8 @@ def _serve_agent(trainer: dict[str, Any], port: int) -> None:
 
 
 def build_pod(job: JobRef, spec: JobSpec, index: int, restart: int, *, replacement: int = 0,
-              restart_count: int | None = None, disruptions: int = 0) -> dict[str, Any]:
+              restart_count: int | None = None, disruptions: int = 0,
+              payload: str | None = None) -> dict[str, Any]:
     """Pod ``index`` of gang attempt ``restart``, merged with the user's pod template.
 
     In the PerProc layout pod ``index`` runs rank ``index``; in PerHost it runs the procs of host
@@ -340,6 +361,8 @@ def build_pod(job: JobRef, spec: JobSpec, index: int, restart: int, *, replaceme
         restart_count: MONARCH_SPMD_RESTART_COUNT when it is not ``restart`` (a replacement
             joins the gang's open round).
         disruptions: restarts so far not counted against maxRestarts (status.disruptions).
+        payload: the payload ConfigMap the pod mounts (:func:`names.payload_configmap_name`);
+            None: the installed package's.
 
     Raises:
         ValueError: for an index out of range or a spec without an image (parse the spec with
@@ -389,7 +412,8 @@ def build_pod(job: JobRef, spec: JobSpec, index: int, restart: int, *, replaceme
     pod_spec["containers"] = containers
 
     volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") != names.WORKER_VOLUME]
-    volumes.append({"name": names.WORKER_VOLUME, "configMap": {"name": names.configmap_name(job)}})
+    volumes.append({"name": names.WORKER_VOLUME,
+                    "configMap": {"name": payload or installed_payload_configmap()}})
     pod_spec["volumes"] = volumes
     _shared_memory(pod_spec, trainer, spec)
     pod_spec["restartPolicy"] = "Never"

@@ -65,6 +65,7 @@ import logging
 import os
 import random
 import socket
+import time
 from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -104,6 +105,10 @@ PROGRESS_SECONDS: Final = 5.0
 #: move thousands of times, and each patch is a write of the job and an event to every watcher of
 #: SPMDJobs. Transitions never wait for it. A count may then lag by (jobs waiting) / this rate.
 PROGRESS_WRITES_PER_SECOND: Final = 5.0
+#: How long a namespace's payload ConfigMap outlives the last unfinished job there (a job
+#: submitted meanwhile finds it), and how often (at most) the leader looks for ones to delete.
+DEFAULT_PAYLOAD_GRACE_SECONDS: Final = 300.0
+PAYLOAD_SWEEP_SECONDS: Final = 30.0
 _PROGRESS_KEYS: Final = frozenset({"running", "succeeded", "failed", "message", "conditions"})
 _SETTLED_PHASES: Final = frozenset({lifecycle.SUCCEEDED, lifecycle.FAILED, lifecycle.SUSPENDED})
 COMPONENT: Final = events.COMPONENT
@@ -278,23 +283,28 @@ class Controller:
 
     Args:
         api: the API client.
-        worker_files: the payload's files for the ConfigMaps (see :func:`builders.worker_files`).
+        worker_files: the payload's files for the payload ConfigMaps (see :func:`builders.worker_files`).
         namespaces: the namespaces watched (None: all).
         resync_seconds: how often each job runs a pass from the informers' caches.
         metrics: where passes, pod writes and transitions are counted.
         check_seconds: how often each job GETs its own object from the server.
+        payload_grace_seconds: how long a namespace's payload ConfigMap outlives its last
+            unfinished job (:meth:`sweep_payloads`).
     """
 
     def __init__(self, api: kube.Kube, worker_files: Mapping[str, str], *,
                  namespaces: Iterable[str] | None = None,
                  resync_seconds: float = DEFAULT_RESYNC_SECONDS,
                  metrics: Metrics | None = None,
-                 check_seconds: float = DEFAULT_CHECK_SECONDS) -> None:
+                 check_seconds: float = DEFAULT_CHECK_SECONDS,
+                 payload_grace_seconds: float = DEFAULT_PAYLOAD_GRACE_SECONDS) -> None:
         self.api = api
         self.metrics = metrics or Metrics(lambda: [loop.body for loop in self.jobs.values()], self.cache_sizes,
                                           self.observer_states)
         self.worker_files = dict(worker_files)
         self.payload_hash = builders.payload_hash(self.worker_files)
+        self.payload_name = names.payload_configmap_name(self.payload_hash)
+        self.payload_grace_seconds = payload_grace_seconds
         self.resync_seconds = resync_seconds
         self.check_seconds = check_seconds
         self.jobs: dict[JobKey, JobLoop] = {}
@@ -304,11 +314,13 @@ class Controller:
         ns = list(namespaces) if namespaces else None
         self.pods: informer.Informer[lifecycle.PodInfo] = self._informer(kube.pods_url, lifecycle.pod_info, "pods", ns)
         # Services and ConfigMaps are summarized from their metadata (lifecycle.child_info), so
-        # that is all their informers ask for: a job's ConfigMap carries the 160 KB payload.
+        # that is all their informers ask for: a payload ConfigMap carries 160 KB. The payload
+        # ConfigMaps (one per namespace and payload, no job's) are grouped by (namespace, hash).
         self.services: informer.Informer[lifecycle.ChildInfo] = self._informer(
             kube.services_url, lifecycle.child_info, "services", ns, metadata=True)
-        self.configmaps: informer.Informer[lifecycle.ChildInfo] = self._informer(
-            kube.configmaps_url, lifecycle.child_info, "configmaps", ns, metadata=True)
+        self.configmaps: informer.Informer[lifecycle.ChildInfo] = informer.Informer(
+            api, kube.configmaps_url, lifecycle.child_info, namespaces=ns, on_change=self._payloads_changed,
+            name="configmaps", on_synced=self._relisted, metadata=True, label=names.LABEL_PAYLOAD)
         self.informers: list[informer.Informer[Any]] = [self.pods, self.services, self.configmaps]
         self.namespaces = ns
         #: Informers of optional APIs (PodGroups, Kueue Workloads), started when a job first needs one.
@@ -324,6 +336,14 @@ class Controller:
         self._collections: set[asyncio.Task[None]] = set()
         self._deleters = 0
         self.progress_turns = Turns(PROGRESS_WRITES_PER_SECOND)
+        #: Namespace -> the creation of its payload ConfigMap under way (every job there awaits
+        #: the one request), and -> when this replica created it or saw it created, until the
+        #: informer shows it (a thousand jobs submitted at once send one 160 KB POST, not many).
+        self._payload_creating: dict[str, asyncio.Future[None]] = {}
+        self._payload_created: dict[str, float] = {}
+        #: Namespace -> when it was last seen with an unfinished job (this term), for the sweep.
+        self._payload_busy: dict[str, float] = {}
+        self._sweep_task: asyncio.Task[None] | None = None
 
     # --- start and stop ------------------------------------------------------------------------
 
@@ -345,6 +365,10 @@ class Controller:
         job again from the server and forgets what an earlier term remembered."""
         self.active = True
         self.metrics.leader.set(1)
+        self._payload_busy.clear()  # the grace starts again with each term
+        if self._sweep_task is None or self._sweep_task.done():
+            self._sweep_task = asyncio.get_running_loop().create_task(self._sweep_payloads_forever(),
+                                                                      name="delete unused payload ConfigMaps")
         for loop in self.jobs.values():
             loop.new_term()
             self._start_loop(loop)
@@ -354,6 +378,9 @@ class Controller:
         self.active = False
         self.metrics.leader.set(0)
         tasks = [loop.task for loop in self.jobs.values() if loop.task is not None] + list(self._collections)
+        if self._sweep_task is not None:
+            tasks.append(self._sweep_task)
+            self._sweep_task = None
         self._doomed.clear()
         for loop in self.jobs.values():
             loop.task = None
@@ -439,6 +466,118 @@ class Controller:
             loop = self.jobs.get(key)
             if loop is not None:
                 loop.wake.set()
+
+    def _payloads_changed(self, keys: set[JobKey]) -> None:
+        """A payload ConfigMap changed: one of the current payload gone (deleted by hand, or by a
+        sweep that crossed a new job) wakes the namespace's jobs, whose passes create it again."""
+        for namespace, digest in keys:
+            if digest != self.payload_hash or self._payload_shown(namespace):
+                continue
+            self._payload_created.pop(namespace, None)
+            for key, loop in self.jobs.items():
+                if key[0] == namespace:
+                    loop.wake.set()
+
+    def _payload_shown(self, namespace: str) -> bool:
+        return any(c.name == self.payload_name and not c.deleting
+                   for c in self.configmaps.held((namespace, self.payload_hash)))
+
+    def payload_present(self, namespace: str) -> bool:
+        """Whether the namespace's ConfigMap of the current payload exists: the informer shows it,
+        or this replica created it (or found it) within CREATED_MEMORY_SECONDS."""
+        if self._payload_shown(namespace):
+            self._payload_created.pop(namespace, None)
+            return True
+        when = self._payload_created.get(namespace)
+        return when is not None and time.monotonic() - when < CREATED_MEMORY_SECONDS
+
+    async def _ensure_payload(self, namespace: str) -> None:
+        """Creates the namespace's payload ConfigMap, once for all the jobs that ask at the same
+        time; a refusal (quota, admission) reaches each of them as :class:`Refused`."""
+        if self.payload_present(namespace):
+            return
+        pending = self._payload_creating.get(namespace)
+        if pending is None:
+            pending = self._payload_creating[namespace] = asyncio.ensure_future(self._create_payload(namespace))
+            pending.add_done_callback(lambda f, ns=namespace: self._payload_finished(ns, f))
+        await asyncio.shield(pending)  # a job's loop cancelled does not cancel the others' creation
+
+    def _payload_finished(self, namespace: str, future: asyncio.Future[None]) -> None:
+        if self._payload_creating.get(namespace) is future:
+            del self._payload_creating[namespace]
+        if not future.cancelled() and future.exception() is None:
+            self._payload_created[namespace] = time.monotonic()
+
+    async def _create_payload(self, namespace: str) -> None:
+        body = builders.build_worker_configmap(namespace, self.worker_files)
+        collection = kube.configmaps_url(namespace)
+        try:
+            created = await self.api.create(collection, body, keep=False, owner=(namespace, "")) is not None
+        except kube.KubeError as e:
+            refusal = refusal_of(e, body)
+            if refusal is not None:
+                raise Refused(refusal) from e
+            raise
+        if not created:
+            existing = await self.api.get(f"{collection}/{self.payload_name}", metadata=True)
+            labels = ((existing or {}).get("metadata") or {}).get("labels") or {}
+            if existing is not None and labels.get(names.LABEL_PAYLOAD) != self.payload_hash:
+                raise kube.KubeError(409, f"ConfigMap {self.payload_name} exists and is not the operator's payload "
+                                     f"(its label {names.LABEL_PAYLOAD} is not {self.payload_hash}); delete it so "
+                                     "the jobs of the namespace can mount the worker", path=collection)
+
+    async def _sweep_payloads_forever(self) -> None:
+        period = min(PAYLOAD_SWEEP_SECONDS, max(self.payload_grace_seconds / 2, 1.0))
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self.sweep_payloads()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the next sweep tries again
+                logger.warning("deleting unused payload ConfigMaps failed: %s; trying again in %.0f s", e, period)
+
+    async def sweep_payloads(self) -> list[str]:
+        """Deletes the payload ConfigMaps of namespaces where no job has been unfinished (Pending,
+        Running, Restarting, Suspended) for ``payload_grace_seconds`` of this term; the leader only.
+
+        A namespace's jobs share its payload ConfigMap, so no job owns it and the garbage collector
+        never deletes it; this does, once the namespace has had no unfinished job for the grace
+        (a job submitted meanwhile finds it). Payloads of older operators stay as long as the
+        namespace has unfinished jobs: some of their pods may still mount them.
+
+        Returns:
+            The paths deleted (for the tests and the log).
+        """
+        if not self.active or not self.configmaps.synced:
+            return []
+        now = time.monotonic()
+        busy = {key[0] for key, loop in self.jobs.items()
+                if ((loop.body.get("status") or {}).get("phase")) not in lifecycle.TERMINAL}
+        for namespace in busy:
+            self._payload_busy[namespace] = now
+        deleted: list[str] = []
+        emptied: set[str] = set()
+        for (namespace, _), held in list(self.configmaps.store.items()):
+            if namespace in busy:
+                continue
+            since = self._payload_busy.setdefault(namespace, now)
+            if now - since < self.payload_grace_seconds:
+                continue
+            for name, (_, info) in list(held.items()):
+                if info.deleting or not name.startswith(names.PAYLOAD_CONFIGMAP_PREFIX):
+                    continue
+                path = kube.configmaps_url(namespace, name)
+                await self.api.delete(path, owner=(namespace, ""))
+                deleted.append(path)
+                emptied.add(namespace)
+        for namespace in emptied:
+            self._payload_created.pop(namespace, None)
+            self._payload_busy.pop(namespace, None)
+        if deleted:
+            logger.info("deleted %d payload ConfigMaps of namespaces without an unfinished SPMDJob for %.0f s: %s",
+                        len(deleted), self.payload_grace_seconds, ", ".join(deleted))
+        return deleted
 
     def _relisted(self) -> None:
         """An informer listed (again): what happened while its watch was down may include a job's
@@ -641,14 +780,7 @@ class Controller:
             spec, outdated = parse_stored(body.get("spec") or {})
         except SpecError as e:
             spec = e
-        maps = self.configmaps.get(job.key, job.uid)
-        current = [c for c in maps if c.name == names.configmap_name(job) and not c.deleting]
-        if not current:
-            configmap = lifecycle.CONFIGMAP_MISSING
-        elif current[0].payload_hash != self.payload_hash:
-            configmap = lifecycle.CONFIGMAP_STALE
-        else:
-            configmap = lifecycle.CONFIGMAP_CURRENT
+        configmap = lifecycle.CONFIGMAP_CURRENT if self.payload_present(job.namespace) else lifecycle.CONFIGMAP_MISSING
         podgroups: tuple[lifecycle.ChildInfo, ...] = ()
         workload = None
         unavailable = None
@@ -740,8 +872,6 @@ class Controller:
             # deleted since may be created again at once.
             for child in (*o.pods, *o.services, *o.podgroups):
                 loop.created.pop(child.name, None)
-            if o.configmap != lifecycle.CONFIGMAP_MISSING:
-                loop.created.pop(names.configmap_name(o.job), None)
             for name, when in list(loop.created.items()):
                 if any((inf.deleted_at(loop.key, name) or 0.0) > when for inf in self.informers):
                     del loop.created[name]
@@ -775,7 +905,7 @@ class Controller:
                 plan, deferred = dataclasses.replace(plan, status={}), left
         spec = o.spec
         group_api = None if isinstance(spec, SpecError) else builders.PODGROUP_APIS.get(spec.scheduling_provider)
-        deletes = bool(plan.delete_job or plan.delete_pods or plan.delete_services or plan.delete_configmap
+        deletes = bool(plan.delete_job or plan.delete_pods or plan.delete_services
                        or plan.delete_podgroups or plan.finish_workload or plan.release_workload)
         # A pass that deletes nothing creates its ConfigMap, Service, PodGroup and Workload while
         # its Events and status go: a new job's pods then wait for one round of writes fewer (the
@@ -802,8 +932,6 @@ class Controller:
         await self._all([
             *(self.api.delete(kube.pods_url(ns, name), owner=key) for name in plan.delete_pods if name in pods),
             *(self.api.delete(kube.services_url(ns, name), owner=key) for name in plan.delete_services),
-            *([self.api.delete(kube.configmaps_url(ns, names.configmap_name(job)), owner=key)]
-              if plan.delete_configmap else []),
             *(self.api.delete(kube.custom_url(*group_api, ns, name), owner=key) for name in plan.delete_podgroups
               if group_api),
             *([self._finish_workload(o)] if plan.finish_workload else []),
@@ -856,7 +984,7 @@ class Controller:
         self._forget_old_creations(loop)
         writes: list[Awaitable[Any]] = []
         if plan.configmap:
-            writes.append(self._ensure_configmap(loop, job, stale=o.configmap == lifecycle.CONFIGMAP_STALE))
+            writes.append(self._ensure_payload(ns))
         if plan.service is not None:
             writes.append(self._ensure(loop, kube.services_url(ns), builders.build_service(job, spec, plan.service), job))
         if plan.podgroup is not None and group_api is not None:
@@ -924,19 +1052,6 @@ class Controller:
         clock = asyncio.get_running_loop().time()
         loop.created = {n: t for n, t in loop.created.items() if clock - t < CREATED_MEMORY_SECONDS}
 
-    async def _ensure_configmap(self, loop: JobLoop, job: JobRef, *, stale: bool) -> None:
-        """Creates the payload ConfigMap, or rewrites one of an older payload (the informer showed
-        it stale, or its name was taken by one of ours from an older operator)."""
-        configmap = builders.build_worker_configmap(job, self.worker_files)
-        name = configmap["metadata"]["name"]
-        if not stale:
-            existing = await self._ensure(loop, kube.configmaps_url(job.namespace), configmap, job)
-            if existing is None or lifecycle.child_info(existing).payload_hash == self.payload_hash:
-                return  # created now or moments ago, or found current
-        await self.api.patch(kube.configmaps_url(job.namespace, name),
-                             {"metadata": {"annotations": configmap["metadata"]["annotations"]}, "data": configmap["data"]},
-                             owner=loop.key)
-
     async def _ensure(self, loop: JobLoop, collection: str, body: dict[str, Any], job: JobRef) -> dict[str, Any] | None:
         """Creates a child unless this loop did within CREATED_MEMORY_SECONDS.
 
@@ -982,7 +1097,7 @@ class Controller:
             async with gate:
                 pod = builders.build_pod(job, spec, rank, plan.restart, replacement=replacement,
                                          restart_count=plan.replace_round if replacement else None,
-                                         disruptions=plan.disruptions)
+                                         disruptions=plan.disruptions, payload=self.payload_name)
                 builders.place_on_flavors(pod, flavors)
                 return await self.api.create(kube.pods_url(ns), pod, keep=False, owner=loop.key)
 

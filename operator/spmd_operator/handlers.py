@@ -80,6 +80,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         namespaces=getattr(memo, "namespaces", None) or None,
         resync_seconds=float(getattr(memo, "resync_seconds", controller.DEFAULT_RESYNC_SECONDS)),
         check_seconds=float(getattr(memo, "check_seconds", controller.DEFAULT_CHECK_SECONDS)),
+        payload_grace_seconds=float(getattr(memo, "payload_grace_seconds", controller.DEFAULT_PAYLOAD_GRACE_SECONDS)),
         metrics=metrics,
     )
     ctl_ref.append(ctl)

@@ -67,6 +67,8 @@ class Informer(Generic[T]):
         keep: whether tombstones of job key are worth keeping (the job is still known).
         metadata: list and watch the objects' metadata only (``summarize`` reads nothing else):
             what a large object carries besides is then neither sent nor decoded.
+        label: the label selected on (it must exist) and grouped by: the job's name for a job's
+            children; :data:`names.LABEL_PAYLOAD` groups the payload ConfigMaps by their hash.
 
     Attributes:
         ready: set once every namespace was listed the first time.
@@ -78,9 +80,10 @@ class Informer(Generic[T]):
                  summarize: Callable[[Mapping[str, Any]], T | None], *,
                  namespaces: Iterable[str] | None, on_change: Callable[[set[JobKey]], None], name: str,
                  on_synced: Callable[[], None] | None = None, keep: Callable[[JobKey], bool] | None = None,
-                 metadata: bool = False) -> None:
+                 metadata: bool = False, label: str = names.LABEL_JOB) -> None:
         self.api = api
         self.metadata = metadata
+        self.label = label
         self.collection = collection
         self.summarize = summarize
         self.on_change = on_change
@@ -117,6 +120,10 @@ class Informer(Generic[T]):
     def get(self, key: JobKey, uid: str) -> list[T]:
         """The summaries of the children of job ``key`` whose controller owner is ``uid``."""
         return [summary for owner, summary in self.store.get(key, {}).values() if owner == uid]
+
+    def held(self, key: JobKey) -> list[T]:
+        """The summaries of every object of group ``key``, whoever owns it."""
+        return [summary for _, summary in self.store.get(key, {}).values()]
 
     def gone(self, key: JobKey, uid: str) -> list[T]:
         """The last states of deleted children of job ``key`` owned by ``uid`` (recent ones only).
@@ -175,7 +182,7 @@ class Informer(Generic[T]):
 
     def _entry(self, body: Mapping[str, Any]) -> tuple[JobKey, str, str | None, T] | None:
         meta = body.get("metadata") or {}
-        namespace, job = meta.get("namespace") or "", (meta.get("labels") or {}).get(names.LABEL_JOB)
+        namespace, job = meta.get("namespace") or "", (meta.get("labels") or {}).get(self.label)
         if not job or not self._wanted(namespace):
             return None
         summary = self.summarize(body)
@@ -195,7 +202,7 @@ class Informer(Generic[T]):
 
     def _drop(self, body: Mapping[str, Any], changed: set[JobKey]) -> None:
         meta = body.get("metadata") or {}
-        key = (meta.get("namespace") or "", (meta.get("labels") or {}).get(names.LABEL_JOB) or "")
+        key = (meta.get("namespace") or "", (meta.get("labels") or {}).get(self.label) or "")
         name = str(meta.get("name", ""))
         children = self.store.get(key)
         if children is not None and children.pop(name, None) is not None:
@@ -244,7 +251,7 @@ class Informer(Generic[T]):
         while True:
             try:
                 if not version:
-                    fresh, version = await self._summaries(path, names.LABEL_JOB)
+                    fresh, version = await self._summaries(path, self.label)
                     changed = self._replace(scope, fresh)
                     self.failure = None
                     self.lists += 1
@@ -256,7 +263,7 @@ class Informer(Generic[T]):
                         self.on_change(changed)
                     if self.on_synced is not None and self.synced:
                         self.on_synced()
-                async for kind, body in self.api.watch(path, resource_version=version, label_selector=names.LABEL_JOB,
+                async for kind, body in self.api.watch(path, resource_version=version, label_selector=self.label,
                                                        metadata=self.metadata):
                     errors = 0
                     changed = set()

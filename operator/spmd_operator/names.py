@@ -7,7 +7,7 @@ runner use them too); ``docs/interfaces.md`` is the contract these values follow
 
 Every child's name starts with ``<job>-<id>``, where ``<id>`` is five hex digits of the job's uid
 (:func:`job_id`). A job created under the name of a deleted one therefore never meets the older
-job's pods, Services or ConfigMap by name, even while they are still terminating or after a
+job's pods or Services by name, even while they are still terminating or after a
 ``kubectl delete --cascade=orphan`` left them behind; and ownership is decided by the controller
 owner reference (the job's uid), never by name or by the job-name label alone.
 """
@@ -53,6 +53,7 @@ __all__ = [
     "KIND",
     "LABEL_JOB",
     "LABEL_JOB_UID",
+    "LABEL_PAYLOAD",
     "LABEL_PREFIX",
     "LABEL_PROCS",
     "LABEL_RANK",
@@ -71,11 +72,11 @@ __all__ = [
     "WORKER_SCRIPT",
     "WORKER_VOLUME",
     "JobRef",
-    "configmap_name",
     "coord_label",
     "job_id",
     "master_addr",
     "owner_uid",
+    "payload_configmap_name",
     "pod_name",
     "podgroup_name",
     "service_name",
@@ -87,8 +88,13 @@ CONTAINER_NAME: Final = TRAINER_CONTAINER
 WORKER_VOLUME: Final = "monarch-spmd-worker"
 WORKER_MOUNT_PATH: Final = "/opt/monarch-spmd/payload"
 WORKER_SCRIPT: Final = f"{WORKER_MOUNT_PATH}/worker.py"
-#: On the ConfigMap: a hash of the payload it holds, so an upgraded operator refreshes it.
+#: On the payload ConfigMap: a hash of the payload it holds (its name ends in the same hash).
 PAYLOAD_HASH_ANNOTATION: Final = f"{GROUP}/payload-hash"
+#: On the payload ConfigMap (one per namespace and payload, shared by the namespace's jobs): the
+#: payload's hash. Its informer selects on it; jobs' children carry LABEL_JOB instead.
+LABEL_PAYLOAD: Final = f"{LABEL_PREFIX}payload"
+#: The payload ConfigMaps' name before the hash.
+PAYLOAD_CONFIGMAP_PREFIX: Final = "monarch-spmd-payload-"
 #: Hex digits of the job's uid in every child's name.
 JOB_ID_LENGTH: Final = 5
 #: On a pod created alone in place of a lost one of its gang (restart in place): the how-manieth
@@ -165,9 +171,11 @@ def workload_name(job: JobRef) -> str:
     return f"{_prefix(job)}-spmdjob"
 
 
-def configmap_name(job: JobRef) -> str:
-    """The ConfigMap holding the payload (the worker)."""
-    return f"{_prefix(job)}-worker"
+def payload_configmap_name(payload_hash: str) -> str:
+    """The ConfigMap holding payload ``payload_hash`` (the worker) in a namespace: one per
+    namespace and payload, mounted by every pod of the namespace's jobs, never rewritten (a new
+    payload is a new name)."""
+    return f"{PAYLOAD_CONFIGMAP_PREFIX}{payload_hash}"
 
 
 def master_addr(job: JobRef, restart: int) -> str:

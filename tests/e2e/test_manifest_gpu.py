@@ -44,7 +44,7 @@ def children(doc: dict, namespace: str) -> list[dict]:
     parsed = spec.load_manifest(doc, require_image=True)
     job = JobRef(name=parsed.name, namespace=namespace, uid=str(uuid.uuid4()))
     pods = [builders.build_pod(job, parsed.spec, i, 0) for i in range(policy.pods_per_attempt(parsed.spec))]
-    return [builders.build_worker_configmap(job, builders.worker_files()), builders.build_service(job, parsed.spec, 0),
+    return [builders.build_worker_configmap(namespace, builders.worker_files()), builders.build_service(job, parsed.spec, 0),
             *pods]
 
 

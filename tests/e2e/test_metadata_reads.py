@@ -1,8 +1,8 @@
 """The operator's metadata-only reads against the real API server.
 
 The Service and ConfigMap informers, and the GET of a child whose name was taken, ask for
-PartialObjectMetadata: a job's ConfigMap carries the worker payload (about 160 KB), which 1,000
-jobs would otherwise send through the watch and the 409 path again and again. These tests check
+PartialObjectMetadata: a namespace's payload ConfigMap carries the worker (about 160 KB), which
+the watch and the 409 path would otherwise send again and again. These tests check
 the server answers each such read with the metadata the lifecycle reads (labels, owner,
 annotations, deletion) and without the data.
 """
@@ -21,8 +21,7 @@ PAYLOAD = {"worker.py": "x" * 200_000}
 
 def configmap(name: str, payload_hash: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": name, "labels": {names.LABEL_JOB: "meta-job", names.LABEL_RESTART: "0"},
-                         # No owner: the garbage collector deletes what an absent SPMDJob owns.
+            "metadata": {"name": name, "labels": {names.LABEL_PAYLOAD: payload_hash},
                          "annotations": {names.PAYLOAD_HASH_ANNOTATION: payload_hash}},
             "data": PAYLOAD}
 
@@ -38,7 +37,7 @@ def test_lists_watches_and_gets_of_metadata_carry_no_payload(cluster: LocalClust
             assert await api.create(collection, configmap("meta-a", "hash-1"), keep=False)
             seen: dict[str, Any] = {}
             items, version = [], ""
-            async for page, version in api.pages(collection, label_selector=names.LABEL_JOB, metadata=True):
+            async for page, version in api.pages(collection, label_selector=names.LABEL_PAYLOAD, metadata=True):
                 items.extend(page)
             seen["list"] = items
             seen["get"] = await api.get(f"{collection}/meta-a", metadata=True)
@@ -46,7 +45,7 @@ def test_lists_watches_and_gets_of_metadata_carry_no_payload(cluster: LocalClust
 
             async def first_event() -> tuple[str, dict[str, Any]]:
                 async for kind, body in api.watch(collection, resource_version=version,
-                                                  label_selector=names.LABEL_JOB, metadata=True):
+                                                  label_selector=names.LABEL_PAYLOAD, metadata=True):
                     if kind != "BOOKMARK" and body.get("metadata", {}).get("name") == "meta-b":
                         return kind, body
                 raise AssertionError("the watch ended without an event")
@@ -58,12 +57,13 @@ def test_lists_watches_and_gets_of_metadata_carry_no_payload(cluster: LocalClust
 
             # The informer the operator runs for ConfigMaps, summarizing with lifecycle.child_info.
             inf = informer.Informer(api, kube.configmaps_url, lifecycle.child_info, namespaces=[namespace],
-                                    on_change=lambda keys: None, name="configmaps", metadata=True)
+                                    on_change=lambda keys: None, name="configmaps", metadata=True,
+                                    label=names.LABEL_PAYLOAD)
             inf.start()
             await asyncio.wait_for(inf.ready.wait(), 30)
-            key = (namespace, "meta-job")
-            seen["informer"] = sorted((name, c.payload_hash, c.restart, owner)
-                                      for name, (owner, c) in inf.store.get(key, {}).items())
+            key = (namespace, "hash-1")
+            seen["informer"] = sorted((k, name, c.payload_hash, owner)
+                                      for k, held in inf.store.items() for name, (owner, c) in held.items())
             await api.delete(f"{collection}/meta-a")
             for _ in range(300):
                 if inf.deleted_at(key, "meta-a") is not None:
@@ -80,10 +80,11 @@ def test_lists_watches_and_gets_of_metadata_carry_no_payload(cluster: LocalClust
     assert item["metadata"]["annotations"][names.PAYLOAD_HASH_ANNOTATION] == "hash-1"
     assert "data" not in item and len(json.dumps(item)) < 5_000, "the list sent the payload"
     assert seen["get"]["kind"] == "PartialObjectMetadata" and "data" not in seen["get"]
-    assert seen["get"]["metadata"]["labels"][names.LABEL_JOB] == "meta-job"
+    assert seen["get"]["metadata"]["labels"][names.LABEL_PAYLOAD] == "hash-1"
     assert seen["get_missing"] is None
     kind, body = seen["watch"]
     assert kind == "ADDED" and body["metadata"]["name"] == "meta-b"
     assert body["metadata"]["annotations"][names.PAYLOAD_HASH_ANNOTATION] == "hash-2" and "data" not in body
-    assert seen["informer"] == [("meta-a", "hash-1", 0, None), ("meta-b", "hash-2", 0, None)]
+    assert seen["informer"] == [((namespace, "hash-1"), "meta-a", "hash-1", None),
+                                ((namespace, "hash-2"), "meta-b", "hash-2", None)], "grouped by the payload's hash"
     assert seen["deleted"], "the informer saw the deletion through its metadata watch"

@@ -17,7 +17,7 @@ from kubernetes import client
 
 from devcluster.controlplane import die_with_parent, stop_process_group
 from devcluster.localcluster import REPO_ROOT
-from spmd_operator import names
+from spmd_operator import builders, names
 from tests.e2e.conftest import (RESYNC_SECONDS, apply, free_port, get_job, job_manifest, job_pods, job_ref,
                                 operator_args, pod_names, wait_phase, wait_until)
 
@@ -85,7 +85,7 @@ def test_metrics_change_as_jobs_run(running_operator, namespace):
 
 
 def test_a_deleted_jobs_children_are_deleted_by_the_operator_not_left_to_the_collector(running_operator, namespace):
-    """The operator DELETEs a deleted job's pods, Service and ConfigMap itself (the garbage
+    """The operator DELETEs a deleted job's pods and Service itself (the garbage
     collector, at kube-controller-manager's client rate, would take minutes for many jobs);
     tests/e2e/test_reliability.py has a job deleted with --cascade=orphan keep its pods."""
     c = running_operator
@@ -100,7 +100,44 @@ def test_a_deleted_jobs_children_are_deleted_by_the_operator_not_left_to_the_col
     # Every child is asked for once, whether the collector was there first (404) or not (200).
     deletes = sum(value(after, "spmdjob_api_requests_total", verb="delete", outcome=o)
                   - value(before, "spmdjob_api_requests_total", verb="delete", outcome=o) for o in ("2xx", "4xx"))
-    assert deletes >= 6, (deletes, "4 pods, the Service and the ConfigMap")
+    assert deletes >= 5, (deletes, "4 pods and the Service")
+
+
+def test_a_namespaces_jobs_share_one_payload_configmap_which_goes_after_the_last_job(running_operator, namespace):
+    """One immutable payload ConfigMap per namespace, mounted by every job's pods and owned by
+    none: deleting a job leaves it to the others; the operator deletes it once the namespace has
+    had no unfinished job for --payload-grace-seconds, and a job submitted later creates it again."""
+    c = running_operator
+    c.stop_operator()
+    c.start_operator(*operator_args(), "--payload-grace-seconds", "3")
+    try:
+        core = client.CoreV1Api(c.api_client())
+        payload = builders.installed_payload_configmap()
+
+        def payloads():
+            return core.list_namespaced_config_map(namespace, label_selector=names.LABEL_PAYLOAD).items
+
+        for name in ("share-a", "share-b"):
+            apply(c, namespace, job_manifest(name, [("procs", 2)], ["-m", "train"], kwok=True))
+        for name in ("share-a", "share-b"):
+            wait_phase(c, namespace, name, "Running", timeout=120)
+        (cm,) = payloads()
+        assert cm.metadata.name == payload and cm.immutable and not cm.metadata.owner_references
+        mounted = {v.config_map.name for p in job_pods(c, namespace, "share-a") + job_pods(c, namespace, "share-b")
+                   for v in p.spec.volumes if v.config_map is not None}
+        assert mounted == {payload}
+        c.kubectl("delete", "spmdjob", "share-a", "-n", namespace, "--wait=true", timeout=120)
+        time.sleep(6)  # twice the grace: share-b still runs, so the payload stays
+        assert [m.metadata.uid for m in payloads()] == [cm.metadata.uid]
+        c.kubectl("delete", "spmdjob", "share-b", "-n", namespace, "--wait=true", timeout=120)
+        began = time.monotonic()
+        wait_until(lambda: not payloads(), 60, "the payload deleted after the namespace's last job")
+        print(f"payload deleted {time.monotonic() - began:.1f}s after the last job")
+        apply(c, namespace, job_manifest("share-c", [("procs", 2)], ["-m", "train"], kwok=True))
+        wait_phase(c, namespace, "share-c", "Running", timeout=120)
+        assert [m.metadata.name for m in payloads()] == [payload]
+    finally:
+        c.stop_operator()  # the next test's fixture starts it with the usual flags
 
 
 # --- two replicas, one leader -------------------------------------------------------------------

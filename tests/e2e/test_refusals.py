@@ -8,7 +8,7 @@ checked: ``status.reason``/``message`` (``kubectl get -o wide``), ``monarch-spmd
 Events (one per distinct refusal, however many retries), and what the operator does: retries with
 back-off, releases an incomplete gang after lifecycle.refusal.RELEASE_SECONDS without using up a
 restart, runs once the quota allows, fails an invalid template naming the SPMDJob's field and
-drops its Service and ConfigMap. The examples and the chart's test job pass ``restricted``.
+drops its Service. The examples and the chart's test job pass ``restricted``.
 A container that cannot start is timed from when it was first seen, kept across an operator restart.
 """
 
@@ -235,7 +235,7 @@ def test_the_examples_and_the_charts_test_job_pass_pod_security_restricted(opera
     assert "violates PodSecurity" in info.value.body
 
 
-def test_an_invalid_template_fails_naming_the_jobs_field_and_drops_its_service_and_configmap(running_operator, namespace):
+def test_an_invalid_template_fails_naming_the_jobs_field_and_drops_its_service(running_operator, namespace):
     c = running_operator
     manifest = job_manifest("bad", [("procs", 2)], ["-m", "train"], kwok=True)
     manifest["spec"]["template"]["spec"]["containers"] = [
@@ -250,12 +250,10 @@ def test_an_invalid_template_fails_naming_the_jobs_field_and_drops_its_service_a
     ref = job_ref(job)
     core = client.CoreV1Api(c.api_client())
 
-    def children():
-        services = [s.metadata.name for s in core.list_namespaced_service(namespace).items]
-        maps = [m.metadata.name for m in core.list_namespaced_config_map(namespace).items]
-        return names.service_name(ref, 0) in services, names.configmap_name(ref) in maps
+    def service():
+        return names.service_name(ref, 0) in [s.metadata.name for s in core.list_namespaced_service(namespace).items]
 
-    wait_until(lambda: children() == (False, False), 30, "the failed job's Service and ConfigMap deleted")
+    wait_until(lambda: not service(), 30, "the failed job's Service deleted")
     assert job_pods(c, namespace, "bad") == [] or all(p.metadata.deletion_timestamp for p in job_pods(c, namespace, "bad"))
 
 

@@ -3,7 +3,7 @@ repairs what users delete, on the real control plane.
 
 Each test provokes what an SRE would: the API server killed and restarted under a running job
 (pods and jobs deleted or created around the outage), a job re-created under the name of one
-whose pods are still terminating or were orphaned, the master Service and the worker ConfigMap
+whose pods are still terminating or were orphaned, the master Service and the payload ConfigMap
 deleted by hand, a gang restart whose old pods take their time to stop, a node that disappears,
 a spec changed under a running job, and a namespace deleted with a job in it. Every one of them
 must converge within one resync period of the operator (RESYNC_SECONDS here).
@@ -21,7 +21,7 @@ from kubernetes import client
 
 from devcluster import KWOK_TOLERATION
 from devcluster.kwoknodes import fake_node
-from spmd_operator import names
+from spmd_operator import builders, names
 from tests.e2e.conftest import (RESYNC_SECONDS, apply, get_job, job_events, job_manifest, job_pods,
                                 job_ref, operator_args, pod_names, wait_job, wait_phase, wait_until)
 
@@ -149,7 +149,7 @@ def test_a_deleted_service_and_configmap_are_created_again(running_operator, nam
     job = wait_phase(c, namespace, "repair", "Running", timeout=120)
     core = client.CoreV1Api(c.api_client())
     ref = job_ref(job)
-    service, configmap = names.service_name(ref, 0), names.configmap_name(ref)
+    service, configmap = names.service_name(ref, 0), builders.installed_payload_configmap()
     old_svc = core.read_namespaced_service(service, namespace).metadata.uid
     old_cm = core.read_namespaced_config_map(configmap, namespace).metadata.uid
     began = time.monotonic()
@@ -163,7 +163,7 @@ def test_a_deleted_service_and_configmap_are_created_again(running_operator, nam
         except client.ApiException:
             return False
 
-    wait_until(recreated, 30, "the Service and the ConfigMap created again")
+    wait_until(recreated, 30, "the Service and the namespace's payload ConfigMap created again")
     print(f"repaired in {time.monotonic() - began:.1f}s")
     job = get_job(c, namespace, "repair")
     assert (job["status"]["phase"], job["status"]["restarts"]) == ("Running", 0), "a repair is not a restart"

@@ -153,9 +153,9 @@ def test_the_names_shown_are_the_names_the_operator_makes():
                 .replace("7", "<attempt>").replace("9", "<index>"))
 
     readme = README.read_text()
-    for made in (names.pod_name(job, 7, 9), names.service_name(job, 7), names.master_addr(job, 7),
-                 names.configmap_name(job)):
+    for made in (names.pod_name(job, 7, 9), names.service_name(job, 7), names.master_addr(job, 7)):
         assert f"`{shown(made)}`" in readme, shown(made)
+    assert f"`{names.payload_configmap_name('<hash>')}`" in readme
     pages = [README, *(ROOT / "docs" / d for d in DOCS), ROOT / "docs" / "interfaces.md",
              ROOT / "crds" / "spmd.monarch.dev_spmdjobs.yaml", ROOT / "helm" / "monarch-spmd" / "README.md"]
     for page in pages:

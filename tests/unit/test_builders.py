@@ -49,7 +49,7 @@ def test_names_follow_the_interface_document():
     assert names.pod_name(JOB, 0, 3) == "hello-1234a-r0-3"
     assert names.pod_name(JOB, 12, 4095) == "hello-1234a-r12-4095"
     assert names.service_name(JOB, 2) == "hello-1234a-m2"
-    assert names.configmap_name(JOB) == "hello-1234a-worker"
+    assert names.payload_configmap_name("0123456789abcdef") == "monarch-spmd-payload-0123456789abcdef"
     assert names.master_addr(JOB, 2) == "hello-1234a-m2.team-a.svc"
     assert names.coord_label("hosts") == "spmd.monarch.dev/coord-hosts"
 
@@ -58,7 +58,6 @@ def test_two_jobs_of_the_same_name_never_share_a_child_name():
     again = JobRef(name="hello", namespace="team-a", uid="9f00aa11-0000-4000-8000-000000000000")
     assert names.pod_name(again, 0, 0) != names.pod_name(JOB, 0, 0)
     assert names.service_name(again, 0) != names.service_name(JOB, 0)
-    assert names.configmap_name(again) != names.configmap_name(JOB)
 
 
 def test_every_service_name_is_a_dns_label_even_for_the_longest_job_name_and_many_restarts():
@@ -109,7 +108,7 @@ def test_pod_command_runs_the_shipped_worker():
     assert "args" not in c
     assert c["image"] == "img:1"
     assert {"name": "monarch-spmd-worker", "mountPath": "/opt/monarch-spmd/payload", "readOnly": True} in c["volumeMounts"]
-    assert {"name": "monarch-spmd-worker", "configMap": {"name": "hello-1234a-worker"}} in pod["spec"]["volumes"]
+    assert {"name": "monarch-spmd-worker", "configMap": {"name": builders.installed_payload_configmap()}} in pod["spec"]["volumes"]
     assert pod["spec"]["restartPolicy"] == "Never"
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
@@ -325,13 +324,21 @@ def test_worker_configmap_holds_the_library_files():
     files = builders.worker_files()
     payload = Path(monarch_spmd.__file__).parent / "payload"
     assert files == {p.name: p.read_text(encoding="utf-8") for p in payload.glob("*.py")}
-    cm = builders.build_worker_configmap(JOB, files)
+    cm = builders.build_worker_configmap("team-a", files)
+    digest = builders.payload_hash(files)
     assert (cm["apiVersion"], cm["kind"]) == ("v1", "ConfigMap")
-    assert cm["metadata"]["name"] == "hello-1234a-worker"
-    assert cm["metadata"]["labels"] == {"spmd.monarch.dev/job": "hello", "spmd.monarch.dev/job-uid": JOB.uid}
-    assert cm["metadata"]["annotations"] == {"spmd.monarch.dev/payload-hash": builders.payload_hash(files)}
-    assert cm["metadata"]["ownerReferences"] == [OWNER]
+    assert cm["metadata"]["name"] == f"monarch-spmd-payload-{digest}" == builders.installed_payload_configmap()
+    assert cm["metadata"]["namespace"] == "team-a"
+    assert cm["metadata"]["labels"] == {"spmd.monarch.dev/payload": digest}, "no job label: no job's child"
+    assert cm["metadata"]["annotations"] == {"spmd.monarch.dev/payload-hash": digest}
+    assert "ownerReferences" not in cm["metadata"], "shared by the namespace's jobs"
+    assert cm["immutable"] is True, "a new payload is a new name; the kubelets need not watch it"
     assert cm["data"] == files
+    assert builders.payload_hash({**files, "worker.py": files["worker.py"] + "#"}) != digest
+    pod = builders.build_pod(JOB, spec(), 0, 0)
+    assert {"name": "monarch-spmd-worker", "configMap": {"name": cm["metadata"]["name"]}} in pod["spec"]["volumes"]
+    other = builders.build_pod(JOB, spec(), 0, 0, payload="monarch-spmd-payload-0000")
+    assert {"name": "monarch-spmd-worker", "configMap": {"name": "monarch-spmd-payload-0000"}} in other["spec"]["volumes"]
     assert sum(len(v.encode()) for v in files.values()) < 1024 * 1024, "a ConfigMap holds at most 1 MiB"
 
 

@@ -13,6 +13,7 @@ import copy
 import gc
 import json
 import logging
+import time
 import weakref
 
 import pytest
@@ -23,6 +24,8 @@ from spmd_operator import builders, controller, kube, lifecycle, names
 from .lifecycle.helpers import BASE, JOB, NOW, cond, merge
 
 FILES = {"__init__.py": "", "contract.py": "", "names.py": "", "worker.py": "print()"}
+#: The namespace's payload ConfigMap of FILES: its jobs share it.
+PAYLOAD = names.payload_configmap_name(builders.payload_hash(FILES))
 
 
 class FakeApi:
@@ -324,46 +327,164 @@ def test_a_job_whose_namespace_is_being_deleted_stops_quietly():
     assert api.job["status"]["phase"] == "Running"
 
 
-def test_a_stale_configmap_is_brought_up_to_date():
-    api = FakeApi(job_body())
-    c, loop = make(api)
-    run_pass(c, loop)
-    cm_key = (kube.configmaps_url("ns"), names.configmap_name(JOB))
-    api.objects[cm_key]["metadata"]["annotations"][names.PAYLOAD_HASH_ANNOTATION] = "old"
-    api.objects[cm_key]["data"] = {"worker.py": "old"}
-    sync_informers(c, api)
-    run_pass(c, loop)
-    assert api.objects[cm_key]["data"] == FILES
-    assert api.objects[cm_key]["metadata"]["annotations"][names.PAYLOAD_HASH_ANNOTATION] == builders.payload_hash(FILES)
-
-
 def configmap_writes(api):
     return [(verb, name) for verb, path, name in api.calls
             if (verb in ("create", "patch") and "/configmaps" in path)]
 
 
-def test_a_configmap_created_moments_ago_is_neither_posted_nor_patched_again():
+def test_the_pods_mount_the_namespaces_payload_configmap_which_has_no_owner():
+    api = FakeApi(job_body())
+    c, loop = make(api)
+    run_pass(c, loop)
+    cm = api.objects[(kube.configmaps_url("ns"), PAYLOAD)]
+    assert cm["data"] == FILES and cm["immutable"] is True
+    assert "ownerReferences" not in cm["metadata"], "the namespace's jobs share it: none of them owns it"
+    mounted = {v["configMap"]["name"] for (p, _), pod in api.objects.items() if p.endswith("/pods")
+               for v in pod["spec"]["volumes"] if "configMap" in v}
+    assert mounted == {PAYLOAD}
+
+
+def test_a_configmap_created_moments_ago_is_not_posted_again():
     api = FakeApi(job_body())
     c, loop = make(api)
     run_pass(c, loop)
     run_pass(c, loop)  # the informer has not shown the ConfigMap yet: the plan asks for it again
     run_pass(c, loop)
-    assert configmap_writes(api) == [("create", names.configmap_name(JOB))], \
-        "one POST; a ConfigMap this loop just created with the current payload is not rewritten"
+    assert configmap_writes(api) == [("create", PAYLOAD)], "one POST; never rewritten"
 
 
-@pytest.mark.parametrize("payload, rewritten", [("current", False), ("old", True)])
-def test_our_configmap_found_by_its_taken_name_is_rewritten_only_when_its_payload_is_older(payload, rewritten):
+def test_jobs_asking_at_once_send_one_post_of_the_payload():
+    """A thousand jobs submitted together: one 160 KB POST, which every job's pass awaits."""
+    api = SlowApi(job_body())
+    c, _ = make(api)
+
+    async def scenario():
+        await asyncio.gather(*(c._ensure_payload("ns") for _ in range(20)))
+        await c._ensure_payload("ns")  # after: remembered until the informer shows it
+
+    asyncio.run(scenario())
+    assert configmap_writes(api) == [("create", PAYLOAD)]
+
+
+def test_a_refused_payload_reaches_every_job_asking_and_is_tried_again():
+    api = SlowApi(job_body())
+    c, _ = make(api)
+    quota = kube.KubeError(403, 'configmaps "x" is forbidden: exceeded quota: q, requested: count/configmaps=1',
+                           reason="Forbidden")
+    api.fail[("create", "configmaps")] = [quota]
+
+    async def scenario():
+        results = await asyncio.gather(*(c._ensure_payload("ns") for _ in range(3)), return_exceptions=True)
+        assert all(isinstance(r, controller.Refused) for r in results), results
+        assert results[0].refusal.kind == "ConfigMap" and "exceeded quota" in results[0].refusal.message
+        await c._ensure_payload("ns")  # the quota raised: the next pass creates it
+
+    asyncio.run(scenario())
+    assert configmap_writes(api) == [("create", PAYLOAD)] * 2
+
+
+@pytest.mark.parametrize("ours", [True, False])
+def test_a_payload_name_taken_is_used_when_ours_and_named_when_not(ours):
     api = FakeApi(job_body())
-    existing = builders.build_worker_configmap(JOB, FILES if payload == "current" else {"worker.py": "old"})
-    cm_key = (kube.configmaps_url("ns"), names.configmap_name(JOB))
-    api.objects[cm_key] = existing  # left by an earlier operator; the informer has not shown it
+    existing = builders.build_worker_configmap("ns", FILES)
+    if not ours:
+        existing["metadata"]["labels"] = {"app": "someone-else"}
+    api.objects[(kube.configmaps_url("ns"), PAYLOAD)] = existing  # the informer has not shown it
+    c, loop = make(api)
+    if ours:
+        run_pass(c, loop)
+        assert ("get", f"{kube.configmaps_url('ns')}/{PAYLOAD}", "metadata") in api.calls, "read as metadata only"
+        assert len(api.posted("pods")) == 4
+    else:
+        with pytest.raises(kube.KubeError, match=f"ConfigMap {PAYLOAD} exists and is not the operator's payload"):
+            run_pass(c, loop)
+        assert api.posted("pods") == [], "no pod mounts a stranger's ConfigMap"
+
+
+def test_a_payload_deleted_wakes_the_namespaces_jobs_and_is_created_again():
+    api = FakeApi(job_body())
     c, loop = make(api)
     run_pass(c, loop)
-    assert ("get", "/".join(cm_key), "metadata") in api.calls, "the holder is read as metadata only"
-    patched = [w for w in configmap_writes(api) if w[0] == "patch"]
-    assert bool(patched) == rewritten
-    assert api.objects[cm_key]["data"] == FILES
+    sync_informers(c, api)
+    run_pass(c, loop)
+    loop.wake.clear()
+    cm = api.objects.pop((kube.configmaps_url("ns"), PAYLOAD))
+    c.configmaps._drop(cm, changed := set())
+    c._payloads_changed(changed)
+    assert loop.wake.is_set(), "the job's next pass runs at once"
+    run_pass(c, loop)
+    assert configmap_writes(api) == [("create", PAYLOAD)] * 2
+
+
+def test_an_upgrade_leaves_a_running_jobs_own_older_configmap_and_pods_alone():
+    """A job started by an operator that gave each job its own ConfigMap (``<job>-<id>-worker``):
+    the upgraded one creates the namespace's payload and touches nothing of the job's."""
+    api = FakeApi(job_body())
+    s = parse_job_spec(BASE, require_image=True)
+    api.job["status"] = {"phase": "Running", "restarts": 0, "procs": 4, "mesh": "hosts=2,gpus=2",
+                         "startTime": "2026-01-01T11:00:00Z", "masterAddr": names.master_addr(JOB, 0),
+                         "running": 4, "succeeded": 0, "failed": 0,
+                         "reason": "AllProcsRunning", "message": "", "observedGeneration": 1,
+                         "conditions": [{**cond_("Created", "True", "PodsCreated"), "observedGeneration": 1},
+                                        {**cond_("Running", "True", "AllProcsRunning"), "observedGeneration": 1}]}
+    older = f"{JOB.name}-{names.job_id(JOB.uid)}-worker"
+    for r in range(4):
+        body = builders.build_pod(JOB, s, r, 0, payload=older)
+        body["status"] = {"phase": "Running"}
+        api.objects[(kube.pods_url("ns"), body["metadata"]["name"])] = body
+    service = builders.build_service(JOB, s, 0)
+    api.objects[(kube.services_url("ns"), service["metadata"]["name"])] = service
+    api.objects[(kube.configmaps_url("ns"), older)] = {
+        "metadata": {"name": older, "namespace": "ns", "labels": builders.job_labels(JOB),
+                     "ownerReferences": [builders.owner_reference(JOB)]}, "data": {"worker.py": "older"}}
+    c, loop = make(api)
+    loop.body = json.loads(json.dumps(api.job))
+    sync_informers(c, api)
+    run_pass(c, loop)
+    writes = [(verb, path.rsplit("/", 1)[-1], name) for verb, path, name in api.calls if verb != "get"]
+    assert writes == [("create", "configmaps", PAYLOAD)], writes
+    assert api.objects[(kube.configmaps_url("ns"), older)]["data"] == {"worker.py": "older"}
+
+
+def sweep(c):
+    async def scenario():
+        c.active = True
+        return await c.sweep_payloads()
+    return asyncio.run(scenario())
+
+
+def test_the_payload_is_deleted_once_the_namespace_had_no_unfinished_job_for_the_grace():
+    api = FakeApi(job_body())
+    c, loop = make(api)
+    c.payload_grace_seconds = 0.2
+    run_pass(c, loop)
+    sync_informers(c, api)
+    path = f"{kube.configmaps_url('ns')}/{PAYLOAD}"
+    assert sweep(c) == [], "the job is unfinished (Pending)"
+    time.sleep(0.3)
+    assert sweep(c) == [], "still unfinished after the grace"
+    loop.body["status"] = {**loop.body["status"], "phase": "Succeeded"}
+    assert sweep(c) == [], "finished only now: the grace starts"
+    time.sleep(0.3)
+    assert sweep(c) == [path]
+    assert (kube.configmaps_url("ns"), PAYLOAD) not in api.objects
+
+
+def test_a_payload_of_a_namespace_without_jobs_waits_the_grace_from_when_the_leader_first_saw_it():
+    api = FakeApi(job_body())
+    api.objects[(kube.configmaps_url("other"), PAYLOAD)] = builders.build_worker_configmap("other", FILES)
+    old = builders.build_worker_configmap("ns", {"worker.py": "an older operator's"})
+    api.objects[(kube.configmaps_url("ns"), old["metadata"]["name"])] = old
+    c, loop = make(api)
+    c.payload_grace_seconds = 0.2
+    run_pass(c, loop)
+    sync_informers(c, api)
+    assert sweep(c) == [], "a new term: the grace starts now"
+    time.sleep(0.3)
+    assert sweep(c) == [f"{kube.configmaps_url('other')}/{PAYLOAD}"], \
+        "the job's namespace keeps both payloads (its pods may mount the older one); the other's goes"
+    c.active = False
+    assert asyncio.run(c.sweep_payloads()) == [], "a standby deletes nothing"
 
 
 def test_pods_whose_creation_waited_its_turn_are_remembered_from_the_answer(monkeypatch):
@@ -508,7 +629,7 @@ def running_kueue_job(api, *, workload=True, admitted=True):
         api.objects[(kube.pods_url("ns"), body["metadata"]["name"])] = body
     for kind in ("services", "configmaps"):
         body = (builders.build_service(JOB, s, 0) if kind == "services"
-                else builders.build_worker_configmap(JOB, FILES))
+                else builders.build_worker_configmap("ns", FILES))
         api.objects[(kube._core_url("ns", kind, None), body["metadata"]["name"])] = body
     if workload:
         body = builders.build_workload(JOB, s)
@@ -888,8 +1009,7 @@ def test_a_refused_status_patch_fails_the_pass_before_any_pod_and_leaves_no_writ
     assert left == [], left
     assert api.posted("pods") == [], "no pod before the job's status says it is being created"
     run_pass(c, loop)  # the next pass finishes what this one began, once each
-    assert sorted(api.posted("configmaps") + api.posted("services")) == sorted(
-        [names.configmap_name(JOB), names.service_name(JOB, 0)])
+    assert sorted(api.posted("configmaps") + api.posted("services")) == sorted([PAYLOAD, names.service_name(JOB, 0)])
     assert len(api.posted("pods")) == 4
 
 
@@ -919,7 +1039,9 @@ def deleted_job(c, api, *events):
 
 
 def children(api):
-    return sorted(f"{p}/{n}" for (p, n) in api.objects if p.rsplit("/", 1)[-1] in ("pods", "services", "configmaps"))
+    """The job's children left (the namespace's payload ConfigMap is not one: it stays)."""
+    return sorted(f"{p}/{n}" for (p, n) in api.objects if p.rsplit("/", 1)[-1] in ("pods", "services", "configmaps")
+                  and n != PAYLOAD)
 
 
 def test_a_deleted_jobs_children_are_deleted_by_the_operator_not_left_to_the_collectors_pace():
@@ -927,8 +1049,9 @@ def test_a_deleted_jobs_children_are_deleted_by_the_operator_not_left_to_the_col
     c, _ = make(api)
     deleted = deleted_job(c, api, ("DELETED", {}))
     assert len([p for p in deleted if "/pods/" in p]) == 4, deleted
-    assert any("/services/" in p for p in deleted) and any("/configmaps/" in p for p in deleted), deleted
+    assert any("/services/" in p for p in deleted) and not any("/configmaps/" in p for p in deleted), deleted
     assert children(api) == [], "every child of the deleted job is gone"
+    assert (kube.configmaps_url("ns"), PAYLOAD) in api.objects, "the namespace's payload stays for its other jobs"
     assert JOB.key not in c.jobs
 
 
@@ -936,7 +1059,7 @@ def test_the_children_are_deleted_by_no_more_deleters_than_the_clients_concurren
     api = FakeApi(job_body())
     api.concurrency = 2
     c, _ = make(api)
-    assert len(deleted_job(c, api, ("DELETED", {}))) == 6
+    assert len(deleted_job(c, api, ("DELETED", {}))) == 5
     assert children(api) == [] and not c._doomed
 
 
@@ -985,14 +1108,14 @@ def test_a_foreground_deletion_is_collected_once_and_another_finalizer_waits_for
     deleting = {"deletionTimestamp": "2026-01-01T00:00:00Z"}
     deleted = deleted_job(c, api, ("MODIFIED", {**deleting, "finalizers": ["foregroundDeletion"]}),
                           ("MODIFIED", {**deleting, "finalizers": ["foregroundDeletion"]}), ("DELETED", deleting))
-    assert len(deleted) == len(set(deleted)) == 6, deleted  # 4 pods, the Service, the ConfigMap: once each
+    assert len(deleted) == len(set(deleted)) == 5, deleted  # 4 pods and the Service: once each
     assert c._collected == set()
 
     api = FakeApi(job_body())
     c, _ = make(api)
     assert deleted_job(c, api, ("MODIFIED", {**deleting, "finalizers": ["example.com/archive-logs"]})) == [], \
         "held by someone else's finalizer: nothing is deleted before the job is"
-    assert len(children(api)) == 6
+    assert len(children(api)) == 5
 
 
 def test_a_standby_replica_and_a_namesakes_children_are_left_alone():

@@ -231,7 +231,7 @@ def rank_zero_pods(api, gang_port: int, *, phase: str = "Running") -> None:
         api.objects[(kube.pods_url("ns"), pod["metadata"]["name"])] = pod
     service = builders.build_service(JOB, s, 0)
     api.objects[(kube.services_url("ns"), service["metadata"]["name"])] = service
-    configmap = builders.build_worker_configmap(JOB, FILES)
+    configmap = builders.build_worker_configmap("ns", FILES)
     api.objects[(kube.configmaps_url("ns"), configmap["metadata"]["name"])] = configmap
 
 

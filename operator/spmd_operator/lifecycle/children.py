@@ -1,13 +1,14 @@
-"""The job's other children: the payload ConfigMap, one master Service and (for a gang
-scheduler) one PodGroup per attempt.
+"""The job's other children: one master Service and (for a gang scheduler) one PodGroup per
+attempt; and the namespace's payload ConfigMap, which its jobs share.
 
 While a job is active, the current attempt's headless Service (``<job>-<id>-m<attempt>``), its
 PodGroup (``<job>-<id>-r<attempt>``, with spec.scheduling.provider Volcano or Coscheduling) and
-the ConfigMap must exist: one deleted by hand is created again by the next pass (a pass follows
-every change the controller's watches see, within seconds). Services and PodGroups of other
-attempts are deleted, so a name of an older attempt never resolves again and an old group holds
-no place in the scheduler. A ConfigMap whose payload hash differs from this operator's (an
-upgrade) is brought up to date.
+the namespace's ConfigMap of this operator's payload (``monarch-spmd-payload-<hash>``) must exist:
+one deleted by hand is created again by the next pass (a pass follows every change the
+controller's watches see, within seconds). Services and PodGroups of other attempts are deleted,
+so a name of an older attempt never resolves again and an old group holds no place in the
+scheduler. An upgraded operator's payload is another ConfigMap (another hash): pods already
+running keep the one they mount.
 """
 
 from __future__ import annotations

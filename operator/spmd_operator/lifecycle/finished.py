@@ -2,7 +2,7 @@
 
 A Succeeded or Failed job keeps the pods that finished (for their logs), stops any that still
 run (restart in place: only once the agents, which end their pods themselves after the
-coordinator's verdict, had the pods' stop grace and ENDING_GRACE_SECONDS to), drops its master Services, PodGroups and worker ConfigMap (:func:`clean`; a job that failed
+coordinator's verdict, had the pods' stop grace and ENDING_GRACE_SECONDS to), drops its master Services and PodGroups (:func:`clean`; a job that failed
 before it ran, InvalidSpec, drops them too), marks its Kueue Workload finished (so Kueue frees
 its quota for the next job in the queue), and is deleted (its children with it, by garbage collection)
 ``ttlSecondsAfterFinished`` after ``status.completionTime``.
@@ -12,16 +12,16 @@ from __future__ import annotations
 
 from monarch_spmd import policy
 
-from .model import CONFIGMAP_MISSING, TERMINAL, parse_time
+from .model import TERMINAL, parse_time
 from .status import Pass
 
 
 def clean(p: Pass) -> None:
-    """Deletes what only a running gang needs: the master Services, PodGroups and the ConfigMap."""
+    """Deletes what only a running gang needs: the master Services and PodGroups. (The payload
+    ConfigMap is the namespace's, shared by its jobs; the operator deletes it once no job there
+    is unfinished.)"""
     p.delete_services.extend(s.name for s in p.o.services if not s.deleting)
     p.delete_podgroups.extend(g.name for g in p.o.podgroups if not g.deleting)
-    if p.o.configmap != CONFIGMAP_MISSING:
-        p.delete_configmap = True
     for key in ("refusal", "startFailures"):
         p.new.pop(key, None)
 

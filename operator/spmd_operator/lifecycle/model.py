@@ -61,9 +61,8 @@ REASON_MONARCH_HOST_EXITED: Final = "MonarchHostExited"
 EVENT_NORMAL: Final = "Normal"
 EVENT_WARNING: Final = "Warning"
 
-#: What :attr:`Observed.configmap` may say about the job's ConfigMap.
+#: What :attr:`Observed.configmap` may say about the namespace's payload ConfigMap.
 CONFIGMAP_MISSING: Final = "missing"
-CONFIGMAP_STALE: Final = "stale"
 CONFIGMAP_CURRENT: Final = "current"
 
 
@@ -403,7 +402,8 @@ class Observed:
         gone: the last states of pods of the job deleted recently (from the watch's DELETED
             events): why a pod that went missing is gone, when the cluster said so.
         services: the job's Services that exist.
-        configmap: whether the payload ConfigMap is missing, stale or current.
+        configmap: whether the namespace's ConfigMap of the operator's payload exists (current)
+            or not (missing); the job's jobs share it.
         podgroups: the job's PodGroups (Volcano or coscheduling), one per attempt.
         workload: the job's Kueue Workload, None when it does not exist.
         rejection: the API server's latest refusal to create a child (a pod built from the
@@ -454,8 +454,7 @@ class Plan:
             repeats the same decisions.
         delete_pods: names of pods to delete (a 404 is success).
         delete_services: names of Services to delete (those of attempts other than the current).
-        configmap: create the payload ConfigMap, or bring it up to date.
-        delete_configmap: delete the payload ConfigMap (the job finished).
+        configmap: create the namespace's payload ConfigMap (it is missing).
         service: the attempt whose master Service must be created (it is missing), or None.
         podgroup: the attempt whose PodGroup must be created (it is missing), or None.
         delete_podgroups: names of PodGroups of other attempts to delete.
@@ -480,7 +479,6 @@ class Plan:
     delete_pods: tuple[str, ...] = ()
     delete_services: tuple[str, ...] = ()
     configmap: bool = False
-    delete_configmap: bool = False
     service: int | None = None
     podgroup: int | None = None
     delete_podgroups: tuple[str, ...] = ()

@@ -167,7 +167,6 @@ class Pass:
         self.delete_pods: list[str] = []
         self.delete_services: list[str] = []
         self.configmap = False
-        self.delete_configmap = False
         self.service: int | None = None
         self.podgroup: int | None = None
         self.delete_podgroups: list[str] = []
@@ -328,7 +327,6 @@ class Pass:
             delete_pods=tuple(dict.fromkeys(self.delete_pods)),
             delete_services=tuple(dict.fromkeys(self.delete_services)),
             configmap=self.configmap,
-            delete_configmap=self.delete_configmap,
             service=self.service,
             podgroup=self.podgroup,
             delete_podgroups=tuple(dict.fromkeys(self.delete_podgroups)),

@@ -57,18 +57,18 @@ def test_a_quantity_the_server_cannot_decode_is_named_from_the_template():
     assert "spec.template.spec.volumes[0].emptyDir.sizeLimit: '10 Gi' is not a resource quantity" in new["failure"]["message"]
 
 
-def test_a_failed_job_drops_its_service_and_configmap_as_a_finished_job_does():
+def test_a_failed_job_drops_its_service_as_a_finished_job_does_and_creates_no_configmap():
     error = SpecError("spec.mesh", "required")
     plan = run(s=error, st=status("Failed", restarts=0), services=[service(0)], configmap=CONFIGMAP_CURRENT)
     assert plan.delete_services == (names.service_name(JOB, 0),)
-    assert plan.delete_configmap
     st = status("Pending")
     plan = run(st=st, pods=gang("Pending")[:1], services=[service(0)], rejection=refused("Pod \"x\" is invalid: x"))
-    assert plan.delete_services == (names.service_name(JOB, 0),) and plan.delete_configmap
+    assert plan.delete_services == (names.service_name(JOB, 0),)
     failed = apply(st, plan)
     later = run(st=failed, services=[ChildInfo(name=names.service_name(JOB, 0), restart=0, deleting=True)],
                 configmap=lifecycle.CONFIGMAP_MISSING)
-    assert (later.delete_services, later.delete_configmap, later.events) == ((), False, ())
+    assert (later.delete_services, later.configmap, later.events) == ((), False, ()), \
+        "a finished job asks for no payload, even with the namespace's gone"
 
 
 def outdated_spec():
@@ -82,7 +82,7 @@ def test_a_started_job_that_breaks_a_newer_rule_keeps_running_with_one_warning()
     plan = run(s=parsed.spec, st=st, pods=gang("Running"), outdated=parsed.outdated)
     new = apply(st, plan)
     assert new["phase"] == "Running"
-    assert plan.delete_pods == () and not plan.delete_configmap
+    assert plan.delete_pods == () and plan.delete_services == ()
     assert events(plan) == [("Warning", "OutdatedSpec")]
     assert "spec.shmSize" in plan.events[0].message and "keeps running" in plan.events[0].message
     assert new["specWarnings"] == [str(e) for e in parsed.outdated]

@@ -1,4 +1,4 @@
-"""The ConfigMap and the per-attempt master Services (lifecycle.children)."""
+"""The namespace's payload ConfigMap and the per-attempt master Services (lifecycle.children)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,9 @@ def test_a_service_deleted_by_hand_is_created_again():
     assert plan.create == () and plan.status.get("phase") is None, "nothing else happens to a running job"
 
 
-def test_a_configmap_deleted_by_hand_or_of_an_older_operator_is_rewritten():
+def test_a_payload_configmap_deleted_by_hand_is_created_again():
     st = status("Running")
     assert run(st=st, pods=gang("Running"), configmap=lifecycle.CONFIGMAP_MISSING).configmap
-    assert run(st=st, pods=gang("Running"), configmap=lifecycle.CONFIGMAP_STALE).configmap
     assert not run(st=st, pods=gang("Running")).configmap
 
 
