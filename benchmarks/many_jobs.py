@@ -110,6 +110,9 @@ CHILD_KINDS = {
 }
 #: Every namespace has this ConfigMap (the API server's CA); it is nobody's child.
 ROOT_CA_CONFIGMAP = "kube-root-ca.crt"
+#: Nor is the SPMDJob operator's payload ConfigMap, which the namespace's jobs share (the operator
+#: deletes it once the namespace has had no unfinished job for its grace, 5 minutes).
+PAYLOAD_LABEL = "spmd.monarch.dev/payload"
 THREADS = 32
 MIXED_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -260,6 +263,7 @@ def children_left(admin: kube.Kube, namespace: str) -> dict[str, bool]:
         query = {"limit": "2"}
         if kind == "configmaps":
             query["fieldSelector"] = f"metadata.name!={ROOT_CA_CONFIGMAP}"
+            query["labelSelector"] = f"!{PAYLOAD_LABEL}"
         try:
             items = admin.get(path.format(ns=namespace), query=query).get("items", [])
         except kube.ApiError as e:
