@@ -320,7 +320,8 @@ class Controller:
             kube.services_url, lifecycle.child_info, "services", ns, metadata=True)
         self.configmaps: informer.Informer[lifecycle.ChildInfo] = informer.Informer(
             api, kube.configmaps_url, lifecycle.child_info, namespaces=ns, on_change=self._payloads_changed,
-            name="configmaps", on_synced=self._relisted, metadata=True, label=names.LABEL_PAYLOAD)
+            name="configmaps", on_synced=self._relisted, metadata=True, label=names.LABEL_PAYLOAD,
+            keep=lambda key: False)  # a deleted payload's last state is asked for by nobody
         self.informers: list[informer.Informer[Any]] = [self.pods, self.services, self.configmaps]
         self.namespaces = ns
         #: Informers of optional APIs (PodGroups, Kueue Workloads), started when a job first needs one.

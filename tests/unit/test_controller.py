@@ -412,6 +412,7 @@ def test_a_payload_deleted_wakes_the_namespaces_jobs_and_is_created_again():
     c.configmaps._drop(cm, changed := set())
     c._payloads_changed(changed)
     assert loop.wake.is_set(), "the job's next pass runs at once"
+    assert c.configmaps.sizes() == (0, 0, 0), "a deleted payload leaves no tombstone (nobody asks for it)"
     run_pass(c, loop)
     assert configmap_writes(api) == [("create", PAYLOAD)] * 2
 
