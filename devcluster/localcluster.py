@@ -225,7 +225,8 @@ class LocalCluster:
                                      f"{result.stdout}{result.stderr}")
             time.sleep(0.2)
 
-    def start_operator(self, *args: str, install_crds: bool = True) -> subprocess.Popen:
+    def start_operator(self, *args: str, install_crds: bool = True,
+                       kubeconfig: Path | None = None) -> subprocess.Popen:
         """Run `python -m spmd_operator --all-namespaces *args`, logging to operator.log, and wait
         until its liveness endpoint answers (it has started: informers listed, loops running).
 
@@ -235,7 +236,8 @@ class LocalCluster:
         share the machine) and it runs alone, without leader election. An operator that exits
         while starting (its health or metrics port was taken between the choice and its bind)
         is started again on other ports, up to OPERATOR_START_TRIES times; one that is alive but
-        not answering after OPERATOR_START_SECONDS is left to the caller.
+        not answering after OPERATOR_START_SECONDS is left to the caller. ``kubeconfig`` (default:
+        the admin one) may point it at a :class:`StallableProxy`.
         """
         self.stop_operator()
         if install_crds:
@@ -249,6 +251,8 @@ class LocalCluster:
         env = {**self.env, "PYTHONPATH": os.pathsep.join(
             filter(None, [str(REPO_ROOT / "operator"), str(REPO_ROOT),
                           self.env.get("PYTHONPATH", "")]))}
+        if kubeconfig is not None:
+            env["KUBECONFIG"] = str(kubeconfig)
         for attempt in range(OPERATOR_START_TRIES):
             if attempt:
                 args = with_fresh_ports(args)
@@ -408,6 +412,10 @@ class StallableProxy:
     they are, as on a network path that went silent. ``resume()`` closes every connection that was
     stalled (their clients gave up on them: each request has a timeout) and forwards again; new
     connections work at once. Connections made while paused are held until the resume, then closed.
+
+    ``slow(seconds)`` makes a slow path instead: every chunk a client sends waits that long before
+    it goes on (answers are not delayed), so a client that sends one request at a time sends at
+    most one per ``seconds``.
     """
 
     def __init__(self, upstream: int) -> None:
@@ -416,6 +424,7 @@ class StallableProxy:
         self.port = self._server.getsockname()[1]
         self._flowing = threading.Event()
         self._flowing.set()
+        self._delay = 0.0
         self._lock = threading.Lock()
         self._conns: list[tuple[socket.socket, socket.socket]] = []
         threading.Thread(target=self._accept, daemon=True, name="stallable-proxy").start()
@@ -433,12 +442,14 @@ class StallableProxy:
                 continue
             with self._lock:
                 self._conns.append((conn, upstream))
-            for a, b in ((conn, upstream), (upstream, conn)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            for a, b, sent in ((conn, upstream, True), (upstream, conn, False)):
+                threading.Thread(target=self._pipe, args=(a, b, sent), daemon=True).start()
 
-    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket, sent: bool) -> None:
         try:
             while data := src.recv(65536):
+                if sent and self._delay:
+                    time.sleep(self._delay)
                 self._flowing.wait()
                 dst.sendall(data)
         except OSError:
@@ -452,6 +463,10 @@ class StallableProxy:
 
     def pause(self) -> None:
         self._flowing.clear()
+
+    def slow(self, seconds: float) -> None:
+        """Delays each chunk a client sends by ``seconds`` from now on (0: no delay)."""
+        self._delay = seconds
 
     def resume(self) -> None:
         with self._lock:

@@ -5,9 +5,10 @@ Restarts are invisible to running jobs: a Kueue job (real Kueue), a PodGroup job
 keep their pods (same uids), phase and restart count across a SIGKILL and a new start, whose
 first passes must not act on informers that have not listed yet.
 
-Killed in the middle of creating a 64-proc job (a low request concurrency makes creation slow
-enough to be interrupted), deterministic pod names and 409-tolerant creation must leave exactly
-one pod per proc: no duplicates, no orphans, and the job reaches Running.
+Killed in the middle of creating a 64-proc job (one request at a time, over a slow path to the
+API server: a proxy that holds each request 50 ms, so creation lasts seconds and is interrupted
+whatever the machine's speed), deterministic pod names and 409-tolerant creation must leave
+exactly one pod per proc: no duplicates, no orphans, and the job reaches Running.
 
 The jobs' pods go to kwok nodes (simulated, no processes).
 """
@@ -19,6 +20,7 @@ import signal
 
 import pytest
 
+from devcluster.localcluster import StallableProxy
 from tests.e2e import survival
 from tests.e2e.conftest import (RESYNC_SECONDS, apply, job_manifest, job_pods, operator_args, pod_names, wait_phase,
                                 wait_until)
@@ -48,7 +50,10 @@ def test_operator_killed_mid_creation_leaves_exactly_one_pod_per_proc(operator, 
     c = operator
     c.stop_operator()
     apply(c, namespace, job_manifest("big", [("hosts", 8), ("gpus", 8)], ["-m", "train"], kwok=True))
-    proc = c.start_operator(*operator_args(), "--concurrency", "1")
+    proxy = StallableProxy(c.control_plane.api_port)
+    proxy.slow(0.05)
+    proc = c.start_operator(*operator_args(), "--concurrency", "1",
+                            kubeconfig=c.kubeconfig_for("slow-operator", proxy.port))
     try:
         wait_until(lambda: len(job_pods(c, namespace, "big")) >= 8, 120,
                    "the operator started creating pods")
@@ -59,6 +64,7 @@ def test_operator_killed_mid_creation_leaves_exactly_one_pod_per_proc(operator, 
         assert at_kill < PROCS, "creation finished before the kill; the test proved nothing"
     finally:
         c.operator_process = None
+        proxy.close()
         c.start_operator(*operator_args())
 
     job = wait_phase(c, namespace, "big", "Running", timeout=240)
