@@ -60,6 +60,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
              "unfinished job there before the operator deletes it (default 300)",
     )
     parser.add_argument(
+        "--memory-recycle-factor", type=float, default=None, metavar="F",
+        help="start the operator afresh in its own process (exec, same pid; running jobs are not touched) once its "
+             "resident memory is F times what it was at its start, at least --memory-recycle-min-mib over it, and at "
+             "most a quarter of the jobs it held at its peak are left: gives back what a burst of jobs left "
+             "fragmented (default 1.5; 0 turns it off)",
+    )
+    parser.add_argument(
+        "--memory-recycle-min-mib", type=int, default=None, metavar="MIB",
+        help="the least excess over the start, in MiB, for --memory-recycle-factor (default 32)",
+    )
+    parser.add_argument(
         "--metrics-port", type=int, default=None, metavar="PORT",
         help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics (default 9090; 0 turns them off)",
     )
@@ -91,6 +102,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--check-seconds must be greater than 0")
     if args.payload_grace_seconds is not None and not args.payload_grace_seconds >= 0:
         parser.error(f"--payload-grace-seconds: {args.payload_grace_seconds} is negative; valid is 0 or more")
+    if args.memory_recycle_factor is not None and not args.memory_recycle_factor >= 0:
+        parser.error(f"--memory-recycle-factor: {args.memory_recycle_factor} is negative; valid is 0 (off) or more")
+    if args.memory_recycle_min_mib is not None and args.memory_recycle_min_mib < 0:
+        parser.error(f"--memory-recycle-min-mib: {args.memory_recycle_min_mib} is negative; valid is 0 or more")
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
         parser.error(f"--metrics-port: {args.metrics_port} is out of range; valid is 0..65535 (0 turns metrics off)")
     from .leader import DEFAULT_LEASE_NAME, LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD, Timings
@@ -120,6 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from . import handlers  # noqa: F401  (registers the handlers)
     from .controller import DEFAULT_CHECK_SECONDS, DEFAULT_PAYLOAD_GRACE_SECONDS, DEFAULT_RESYNC_SECONDS
     from .kube import DEFAULT_CONCURRENCY
+    from .memory import DEFAULT_FACTOR, DEFAULT_MIN_EXCESS_MIB
     from .metrics import DEFAULT_PORT
 
     kopf.configure(verbose=args.verbose, debug=args.debug)
@@ -139,6 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         payload_grace_seconds=(DEFAULT_PAYLOAD_GRACE_SECONDS if args.payload_grace_seconds is None
                                else args.payload_grace_seconds),
         metrics_port=DEFAULT_PORT if args.metrics_port is None else args.metrics_port,
+        memory_recycle_factor=DEFAULT_FACTOR if args.memory_recycle_factor is None else args.memory_recycle_factor,
+        memory_recycle_min_mib=(DEFAULT_MIN_EXCESS_MIB if args.memory_recycle_min_mib is None
+                                else args.memory_recycle_min_mib),
         leader_election=election,
     )
     kopf.run(

@@ -73,7 +73,7 @@ from typing import Any, Final
 from monarch_spmd import policy
 from monarch_spmd.spec import SCHEDULING_KUEUE, SpecError, parse_stored
 
-from . import builders, events, informer, kube, lifecycle, names
+from . import builders, events, informer, kube, lifecycle, memory, names
 from .metrics import Metrics
 from .names import JobRef
 from .observer import Observer
@@ -290,6 +290,8 @@ class Controller:
         check_seconds: how often each job GETs its own object from the server.
         payload_grace_seconds: how long a namespace's payload ConfigMap outlives its last
             unfinished job (:meth:`sweep_payloads`).
+        recycle: when the process starts afresh to give memory back after jobs went
+            (:mod:`.memory`); None: never.
     """
 
     def __init__(self, api: kube.Kube, worker_files: Mapping[str, str], *,
@@ -297,8 +299,12 @@ class Controller:
                  resync_seconds: float = DEFAULT_RESYNC_SECONDS,
                  metrics: Metrics | None = None,
                  check_seconds: float = DEFAULT_CHECK_SECONDS,
-                 payload_grace_seconds: float = DEFAULT_PAYLOAD_GRACE_SECONDS) -> None:
+                 payload_grace_seconds: float = DEFAULT_PAYLOAD_GRACE_SECONDS,
+                 recycle: memory.RecyclePolicy | None = None) -> None:
         self.api = api
+        self.recycle = recycle
+        #: Replaces the process (:func:`.memory.recycle`) once the policy says so.
+        self.start_afresh = memory.recycle
         self.metrics = metrics or Metrics(lambda: [loop.body for loop in self.jobs.values()], self.cache_sizes,
                                           self.observer_states)
         self.worker_files = dict(worker_files)
@@ -452,6 +458,8 @@ class Controller:
         if loop is None or loop.uid != meta.get("uid"):
             self.forget(key)
             loop = self.jobs[key] = JobLoop(key=key, body=copy.deepcopy(dict(body)))
+            if self.recycle is not None:
+                self.recycle.jobs_seen(len(self.jobs))
             # A job the watch reports as just ADDED, to the leader, is the server's object as
             # created: reading it back would only cost its first pass a round trip (a queued
             # one, while a large job's pods are being created). A listed job (a start, a
@@ -681,6 +689,17 @@ class Controller:
     async def _trim(self) -> None:
         await asyncio.sleep(TRIM_DELAY_SECONDS)
         trim_memory()
+        if self.recycle is None:
+            return
+        why = self.recycle.verdict(memory.resident_bytes(), len(self.jobs), bool(self._doomed or self._deleters))
+        if why is None:
+            return
+        # What stays is fragmentation, not objects (see .memory): only a new process is rid of it.
+        # The loops stop first, as when the Lease is lost; the Lease keeps its holder.
+        logger.warning("memory: %s; the operator starts afresh in this process to give it back "
+                       "(running jobs and their pods are not touched)", why)
+        await self.deactivate()
+        self.start_afresh()
 
     def _prune(self, key: JobKey) -> None:
         if key in self.jobs:

@@ -25,7 +25,7 @@ from typing import Any, Final
 
 import kopf
 
-from . import builders, controller, kube, leader, names
+from . import builders, controller, kube, leader, memory, names
 from .metrics import Metrics
 
 class _QuietEventHandlers(logging.Filter):
@@ -82,7 +82,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         check_seconds=float(getattr(memo, "check_seconds", controller.DEFAULT_CHECK_SECONDS)),
         payload_grace_seconds=float(getattr(memo, "payload_grace_seconds", controller.DEFAULT_PAYLOAD_GRACE_SECONDS)),
         metrics=metrics,
+        recycle=memory.RecyclePolicy(float(getattr(memo, "memory_recycle_factor", memory.DEFAULT_FACTOR)),
+                                     int(getattr(memo, "memory_recycle_min_mib", memory.DEFAULT_MIN_EXCESS_MIB)) * memory.MIB),
     )
+    metrics.recycles.set(memory.recycles())
     ctl_ref.append(ctl)
     memo.controller = ctl
     port = int(getattr(memo, "metrics_port", 0) or 0)

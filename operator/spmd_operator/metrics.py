@@ -203,6 +203,9 @@ class Metrics:
         self.in_place = Counter("spmdjob_in_place_restarts", "Gang restarts done in place, by cause", ["cause"],
                                 registry=r)
         self.hangs = Counter("spmdjob_hangs", "Hung ranks the agents killed, by reason", ["reason"], registry=r)
+        self.recycles = Gauge("spmdjob_memory_recycles",
+                              "Times this operator process started afresh to give memory back (--memory-recycle-factor)",
+                              registry=r)
         self.pods_replaced = Counter("spmdjob_pods_replaced", "Pods created alone in place of a lost one",
                                      registry=r)
         self.snapshot = _Snapshot(jobs, caches, observers)

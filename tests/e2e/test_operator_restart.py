@@ -10,6 +10,11 @@ API server: a proxy that holds each request 50 ms, so creation lasts seconds and
 whatever the machine's speed), deterministic pod names and 409-tolerant creation must leave
 exactly one pod per proc: no duplicates, no orphans, and the job reaches Running.
 
+Started afresh to give memory back (``--memory-recycle-factor``, set here to fire on any growth):
+once most of its jobs are deleted the operator replaces its process (exec: same pid, same Lease
+holder); the job that stays keeps its pods, phase, restart count and Events, and the new process
+leads again at once (a job submitted after it runs).
+
 The jobs' pods go to kwok nodes (simulated, no processes).
 """
 
@@ -17,13 +22,17 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+import urllib.request
 
 import pytest
 
+from devcluster.controlplane import stop_process_group
 from devcluster.localcluster import StallableProxy
 from tests.e2e import survival
-from tests.e2e.conftest import (RESYNC_SECONDS, apply, job_manifest, job_pods, operator_args, pod_names, wait_phase,
-                                wait_until)
+from tests.e2e.conftest import (RESYNC_SECONDS, apply, free_port, get_job, job_events, job_manifest, job_pods,
+                                operator_args, pod_names, wait_phase, wait_until)
+from tests.e2e.test_leader_fencing import holder
 
 pytestmark = pytest.mark.cluster
 PROCS = 64
@@ -80,3 +89,60 @@ def test_operator_killed_mid_creation_leaves_exactly_one_pod_per_proc(operator, 
     all_pods = c.kubectl("get", "pods", "-n", namespace, "--no-headers").stdout.splitlines()
     assert len(all_pods) == PROCS, "an orphan pod exists"
     c.kubectl("delete", "spmdjob", "big", "-n", namespace, "--wait=false")
+
+
+def test_the_operator_started_afresh_to_give_memory_back_leaves_the_remaining_job_alone(operator, namespace):
+    c = operator
+    c.stop_operator()
+    metrics_port = free_port()
+    proc = c.start_replica("recycler", "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1",
+                           "--resync-seconds", str(RESYNC_SECONDS), "--metrics-port", str(metrics_port),
+                           "--memory-recycle-factor", "1", "--memory-recycle-min-mib", "0",
+                           lease_namespace=namespace)
+    log = c.state_dir / "operator-recycler.log"
+
+    def recycles() -> float | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            return None
+        return next(float(line.split()[1]) for line in text.splitlines() if line.startswith("spmdjob_memory_recycles "))
+
+    try:
+        gone = [f"gone-{i}" for i in range(7)]
+        for name in [*gone, "stays"]:
+            apply(c, namespace, job_manifest(name, [("procs", 2)], ["-m", "train"], kwok=True))
+        for name in [*gone, "stays"]:
+            wait_phase(c, namespace, name, "Running", timeout=180)
+        assert holder(c, namespace) == "recycler"
+        assert recycles() == 0
+        job = get_job(c, namespace, "stays")
+        before = (job["status"]["phase"], job["status"]["restarts"],
+                  {p.metadata.name: p.metadata.uid for p in job_pods(c, namespace, "stays")})
+        reasons = [e.reason for e in job_events(c, namespace, "stays")]
+        offset = log.stat().st_size
+        c.kubectl("delete", "spmdjob", *gone, "-n", namespace, "--wait=false")
+        wait_until(lambda: "starts afresh" in log.read_text()[offset:], 120,
+                   "the operator started afresh once 7 of its 8 jobs went")
+        afresh = time.monotonic()
+        wait_until(lambda: recycles() == 1, 60, "the new process serves its metrics, counting one recycle")
+        assert proc.poll() is None, "the same process (exec), not an exit"
+        print(f"metrics served again {time.monotonic() - afresh:.1f} s after the log line")
+        assert "starts afresh" not in log.read_text()[offset:].split("starts afresh", 1)[1], "once, not in a loop"
+        assert holder(c, namespace) == "recycler", "the Lease kept its holder"
+        # Two resync periods of the new process's passes: nothing about the job that stays moves.
+        deadline = time.monotonic() + 2 * RESYNC_SECONDS + 5
+        while time.monotonic() < deadline:
+            job = get_job(c, namespace, "stays")
+            now = (job["status"]["phase"], job["status"]["restarts"],
+                   {p.metadata.name: p.metadata.uid for p in job_pods(c, namespace, "stays")})
+            assert now == before, f"the job that stays was disturbed:\nbefore {before}\nafter  {now}"
+            time.sleep(1.0)
+        assert [e.reason for e in job_events(c, namespace, "stays")] == reasons, "no new Events"
+        apply(c, namespace, job_manifest("after", [("procs", 2)], ["-m", "train"], kwok=True))
+        wait_phase(c, namespace, "after", "Running", timeout=120)
+        assert proc.poll() is None
+    finally:
+        stop_process_group(proc, 10)
+        c.start_operator(*operator_args())

@@ -19,7 +19,7 @@ import weakref
 import pytest
 
 from monarch_spmd.spec import parse_job_spec
-from spmd_operator import builders, controller, kube, lifecycle, names
+from spmd_operator import builders, controller, kube, lifecycle, memory, names
 
 from .lifecycle.helpers import BASE, JOB, NOW, cond, merge
 
@@ -1159,3 +1159,56 @@ def test_a_standby_replica_and_a_namesakes_children_are_left_alone():
     other["metadata"]["uid"] = "a-namesake"  # deleted, and created again under the same name
     assert deleted_job(c, api, ("ADDED", other["metadata"]), ("DELETED", other["metadata"])) == [], \
         "the children belong to the first job, not to the namesake deleted"
+
+
+# --- memory: a new process once the jobs went and their memory stayed ---------------------------
+
+
+def _recycle_after_forget(monkeypatch, *, doomed: bool) -> tuple[list[str], controller.Controller]:
+    monkeypatch.setattr(controller, "TRIM_DELAY_SECONDS", 0.05)
+    monkeypatch.setattr(controller, "COALESCE_SECONDS", 0.0)
+    api = FakeApi(job_body())
+    c = make(api)[0]
+    c.recycle = memory.RecyclePolicy(2.0, 0, start=1)  # any resident memory is far above a 1-byte start
+    c.recycle.jobs_seen(len(c.jobs))
+    calls: list[str] = []
+    c.start_afresh = lambda: calls.append("active" if c.active else "stopped")
+
+    async def scenario():
+        c.active = True
+        c._start_loop(c.jobs[JOB.key])
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if len(api.posted("pods")) == 4:
+                break
+        if doomed:
+            c._doomed.append((JOB.key, "/api/v1/namespaces/x/pods/y", None))
+        c.forget(JOB.key)
+        await asyncio.sleep(0.3)
+
+    asyncio.run(scenario())
+    return calls, c
+
+
+def test_the_trim_after_the_last_job_went_starts_the_process_afresh_with_the_loops_stopped(monkeypatch):
+    calls, c = _recycle_after_forget(monkeypatch, doomed=False)
+    assert calls == ["stopped"], "deactivated first (as when the Lease is lost), then replaced, once"
+    assert c.jobs == {}
+
+
+def test_no_new_process_while_deleted_jobs_children_are_still_being_deleted(monkeypatch):
+    calls, _ = _recycle_after_forget(monkeypatch, doomed=True)
+    assert calls == []
+
+
+def test_the_controller_never_starts_afresh_without_a_policy(monkeypatch):
+    monkeypatch.setattr(controller, "TRIM_DELAY_SECONDS", 0.01)
+    c = make(FakeApi(job_body()))[0]
+    assert c.recycle is None
+    c.start_afresh = lambda: pytest.fail("no policy: never")
+
+    async def scenario():
+        c.forget(JOB.key)
+        await asyncio.sleep(0.1)
+
+    asyncio.run(scenario())
