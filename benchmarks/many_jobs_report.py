@@ -30,7 +30,7 @@ def summarize(runs: list[dict]) -> list[dict]:
         rss = r.get("rss_mib") or {}
         row = {k: r.get(k) for k in ("scenario", "actor", "jobs", "pods", "ok", "error", "created_s",
                                      "pods_running_s", "jobs_running_s", "job_running_p50_s", "job_running_p90_s",
-                                     "rss_after_vs_start", "job_controller_counted")}
+                                     "rss_after_vs_start", "job_controller_counted", "recycles")}
         base = floors.get(r["scenario"], {}).get("jobs_running_s")
         row["jobs_running_vs_floor"] = (r["jobs_running_s"] / base) if (r.get("jobs_running_s") and base) else None
         reqs = r.get("requests") or {}
@@ -180,6 +180,8 @@ def render(result: dict) -> str:
             after = _rss(r, "rss_after_delete_mib")
             if after is not None and r.get("rss_after_vs_start") is not None:
                 after += f" ({r['rss_after_vs_start']:.2f}x)"
+            if r.get("recycles"):
+                after += f", started afresh {r['recycles']:.0f}x"
             idle_rows.append([
                 what, r["actor"], f"{r['idle_s']:.0f}", r.get("idle_requests"), _s(r.get("idle_per_job_per_10min")),
                 verbs.get("get", 0), verbs.get("list", 0), verbs.get("watch", 0), others, r.get("idle_writes"),

@@ -475,6 +475,23 @@ class Controller:
             loop = self.jobs.get(key)
             if loop is not None:
                 loop.wake.set()
+            elif self.recycle is not None and not any(key in inf.store for inf in self._job_informers()):
+                self._trim_soon()  # a deleted job's last child went: its memory may go back now
+
+    def _job_informers(self) -> list[informer.Informer[Any]]:
+        """The informers whose groups are jobs (the payload ConfigMaps' are not)."""
+        return [self.pods, self.services, *self.optional.values()]
+
+    def _children_going(self) -> bool:
+        """Whether children of deleted jobs are still held that will go: owned (the garbage
+        collector deletes them) or being deleted. Orphans (no owner, ``--cascade=orphan``) stay
+        and do not count. A new process would list the ones that go again, only to drop them."""
+        for inf in self._job_informers():
+            for key, children in inf.store.items():
+                if key not in self.jobs and any(owner or getattr(summary, "deleting", False)
+                                                for owner, summary in children.values()):
+                    return True
+        return False
 
     def _payloads_changed(self, keys: set[JobKey]) -> None:
         """A payload ConfigMap changed: one of the current payload gone (deleted by hand, or by a
@@ -691,7 +708,8 @@ class Controller:
         trim_memory()
         if self.recycle is None:
             return
-        why = self.recycle.verdict(memory.resident_bytes(), len(self.jobs), bool(self._doomed or self._deleters))
+        collecting = bool(self._doomed or self._deleters) or self._children_going()
+        why = self.recycle.verdict(memory.resident_bytes(), len(self.jobs), collecting)
         if why is None:
             return
         # What stays is fragmentation, not objects (see .memory): only a new process is rid of it.

@@ -1212,3 +1212,33 @@ def test_the_controller_never_starts_afresh_without_a_policy(monkeypatch):
         await asyncio.sleep(0.1)
 
     asyncio.run(scenario())
+
+
+def test_no_new_process_while_a_deleted_jobs_pods_are_still_held_and_one_once_the_last_went(monkeypatch):
+    """Pods the API server still has (terminating, or owned and awaiting the garbage collector)
+    would be listed again by a new process; an orphan (no owner) stays and does not count; the
+    last pod's going is what brings the new process."""
+    monkeypatch.setattr(controller, "TRIM_DELAY_SECONDS", 0.05)
+    c = make(FakeApi(job_body()))[0]
+    c.recycle = memory.RecyclePolicy(2.0, 0, start=1)
+    c.recycle.jobs_seen(1)
+    calls: list[int] = []
+    c.start_afresh = lambda: calls.append(1)
+    gone = ("ns", "deleted-job")
+    pod = lifecycle.pod_info({"metadata": {"name": "p0", "deletionTimestamp": "2026-12-04T00:00:00Z",
+                                           "labels": {names.LABEL_JOB: "deleted-job"}}, "status": {}})
+    orphan = lifecycle.pod_info({"metadata": {"name": "o0", "labels": {names.LABEL_JOB: "old"}}, "status": {}})
+
+    async def scenario():
+        c.pods.store[gone] = {"p0": ("uid-of-the-deleted-job", pod)}
+        c.pods.store[("ns", "old")] = {"o0": (None, orphan)}
+        c.forget(JOB.key)
+        await asyncio.sleep(0.2)
+        seen = list(calls)
+        del c.pods.store[gone]  # what the informer does when the watch says the pod is gone
+        c._wake_all({gone})
+        await asyncio.sleep(0.2)
+        return seen
+
+    assert asyncio.run(scenario()) == [], "not while the deleted job's pod is held"
+    assert calls == [1], "once its last pod went; the orphan does not hold it back"
