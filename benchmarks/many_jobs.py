@@ -6,6 +6,7 @@
         [--fairness-large 4096] [--fairness-small 4] [--fairness-delay 1]
         [--kubeconfig PATH] [--state-dir DIR] [--scale-json PATH] [--json PATH]
         [--operator-tree DIR] [--operator-flag=--FLAG=VALUE] [--operator-env NAME=VALUE] [--profile DIR]
+        [--floor-services]
 
 Where it sits: the command; it starts the cluster and the controllers (``benchmarks.cluster``),
 drives the trials, sees them through ``benchmarks.many_jobs_watch`` and prints through
@@ -17,7 +18,9 @@ Scenarios, each actor in a fresh namespace with a freshly started controller, on
   threads), as SPMDJobs, PyTorchJobs (training-operator v1.9.3: 1 Master + P-1 Workers) and JobSets
   (v0.12.0: one indexed Job of P pods; its pods come from a Job controller counted with it, see
   ``benchmarks.cluster``); the ``floor`` creates the same pods (``<job>-<rank>``, labelled with
-  their job) from a plain 32-thread client (``benchmarks.many_jobs_floor``) and has no job object.
+  their job) from a plain 32-thread client (``benchmarks.many_jobs_floor``) and has no job object;
+  with ``--floor-services`` it also creates each job's headless Service (selecting rank 0) before
+  its pods: the one object per job the env contract needs besides the pods.
 - ``mixed``: ``--mixed-jobs`` jobs whose sizes cycle through ``--mixed-sizes`` (200 jobs of
   1, 2, 4 ... 256 procs: 11,245 pods).
 - ``fairness``: a ``--fairness-large``-proc job (4,096) is submitted, and ``--fairness-delay``
@@ -221,14 +224,16 @@ def submit_all(fn: Callable[[object], None], items: list) -> list[str]:
 class FloorClient:
     """A ``benchmarks.many_jobs_floor`` process, loaded and waiting for its start signal."""
 
-    def __init__(self, cluster: Cluster, namespace: str, plan: list[tuple[str, int]], folder: Path) -> None:
+    def __init__(self, cluster: Cluster, namespace: str, plan: list[tuple[str, int]], folder: Path, *,
+                 services: bool = False) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         plan_file = folder / f"floor-plan-{secrets.token_hex(3)}.json"
         plan_file.write_text(json.dumps(plan))
         ident = cluster.identity("floor")
         self.proc = subprocess.Popen(
             [PY, "-m", "benchmarks.many_jobs_floor", "--kubeconfig", str(ident.kubeconfig),
-             "--namespace", namespace, "--plan", str(plan_file), "--threads", str(THREADS)],
+             "--namespace", namespace, "--plan", str(plan_file), "--threads", str(THREADS),
+             *(["--services"] if services else [])],
             cwd=REPO, env=python_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         if self.proc.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the floor client did not start (exit {self.proc.wait()})")
@@ -381,8 +386,8 @@ class Trial:
             if w.error:
                 raise w.error
 
-    def floor(self, plan: list[tuple[str, int]]) -> FloorClient:
-        client = FloorClient(self.cluster, self.ns, plan, self.log_dir)
+    def floor(self, plan: list[tuple[str, int]], *, services: bool = False) -> FloorClient:
+        client = FloorClient(self.cluster, self.ns, plan, self.log_dir, services=services)
         self.floors.append(client)
         return client
 
@@ -417,22 +422,24 @@ class Trial:
 
 def load_trial(cluster: Cluster, actor: str, scenario: str, plan: list[tuple[str, int]], *, idle: float,
                settle: float, after_delete: float, timeout: float, sample_seconds: float, log_dir: Path,
-               profile_dir: Path | None = None) -> dict:
+               profile_dir: Path | None = None, floor_services: bool = False) -> dict:
     """One actor under one load: start-up, settle, idle, deletion (see the module docstring).
+    With ``floor_services`` the floor creates a headless Service per job too (``--floor-services``).
     With ``profile_dir``, the SPMDJob operator is sampled by py-spy through the start-up and
     through the idle window (one raw-stacks file each)."""
     sizes = dict(plan)
     total = sum(sizes.values())
     jobs = len(plan)
     rec: dict = {"scenario": scenario, "actor": actor, "jobs": jobs, "pods": total, "ok": False,
-                 "idle_s": idle if actor != "floor" else None}
+                 "idle_s": idle if actor != "floor" else None,
+                 "floor_services": floor_services if actor == "floor" else None}
     try:
         with Trial(cluster, actor, scenario, sizes, log_dir, sample_seconds) as tr:
             rec["namespace"] = tr.ns
             trk, meter, admin = tr.tracker, tr.meter, cluster.admin
             if tr.ctl is not None:
                 rec["controller_ready_s"] = tr.ctl.ready_s
-            floor = tr.floor(plan) if actor == "floor" else None
+            floor = tr.floor(plan, services=floor_services) if actor == "floor" else None
             ready = meter.reading(apiserver=True)
             plane_ready = plane_cpu(cluster)
             profiling = profile_dir is not None and actor == "spmdjob"
@@ -524,8 +531,10 @@ def load_trial(cluster: Cluster, actor: str, scenario: str, plan: list[tuple[str
             td = time.time()
             deadline = time.monotonic() + timeout
             if actor == "floor":
-                names = [f"{job}-{rank}" for job, procs in plan for rank in range(procs)]
-                errors = submit_all(lambda n: admin.delete(f"/api/v1/namespaces/{tr.ns}/pods/{n}",
+                names = [f"pods/{job}-{rank}" for job, procs in plan for rank in range(procs)]
+                if floor_services:
+                    names += [f"services/{job}" for job, _ in plan]
+                errors = submit_all(lambda n: admin.delete(f"/api/v1/namespaces/{tr.ns}/{n}",
                                                            {"propagationPolicy": "Background"}), names)
             else:
                 path = job_collection(actor, tr.ns)
@@ -704,6 +713,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle", type=float, default=15.0, help="seconds between all jobs Running and the idle window")
     ap.add_argument("--after-delete", type=float, default=30.0,
                     help="seconds after every child is gone before the memory reading")
+    ap.add_argument("--floor-services", action="store_true",
+                    help="the floor of the many and mixed loads also creates a headless Service per job (selecting "
+                         "its rank 0), as the env contract needs and the operator creates: what that object costs")
     ap.add_argument("--fairness-actors", nargs="+", choices=ACTORS, default=["floor", "spmdjob"])
     ap.add_argument("--fairness-large", type=int, default=4096)
     ap.add_argument("--fairness-small", type=int, default=4)
@@ -775,7 +787,8 @@ def main(argv: list[str] | None = None) -> int:
                                  idle=args.idle if scenario == "many" else args.mixed_idle, settle=args.settle,
                                  after_delete=args.after_delete, timeout=args.timeout,
                                  sample_seconds=args.sample_seconds, log_dir=log_dir,
-                                 profile_dir=Path(args.profile) if args.profile else None)
+                                 profile_dir=Path(args.profile) if args.profile else None,
+                                 floor_services=args.floor_services)
                 runs.append(rec)
                 # Each trial's record is kept as it ends: a run stopped later still has it.
                 kept = log_dir / f"{scenario}-{actor}.json"

@@ -30,7 +30,7 @@ def summarize(runs: list[dict]) -> list[dict]:
         rss = r.get("rss_mib") or {}
         row = {k: r.get(k) for k in ("scenario", "actor", "jobs", "pods", "ok", "error", "created_s",
                                      "pods_running_s", "jobs_running_s", "job_running_p50_s", "job_running_p90_s",
-                                     "rss_after_vs_start", "job_controller_counted", "recycles")}
+                                     "rss_after_vs_start", "job_controller_counted", "recycles", "floor_services")}
         base = floors.get(r["scenario"], {}).get("jobs_running_s")
         row["jobs_running_vs_floor"] = (r["jobs_running_s"] / base) if (r.get("jobs_running_s") and base) else None
         reqs = r.get("requests") or {}
@@ -168,7 +168,8 @@ def render(result: dict) -> str:
         what = f"{r['scenario']}: {r['jobs']} jobs, {r['pods']} pods"
         ratio = r.get("jobs_running_vs_floor")
         start_rows.append([
-            what, r["actor"], _s(r.get("created_s")), _s(r.get("pods_running_s")),
+            what, r["actor"] + (" + Services" if r.get("floor_services") else ""), _s(r.get("created_s")),
+            _s(r.get("pods_running_s")),
             None if r.get("jobs_running_s") is None else (
                 f"{r['jobs_running_s']:.2f}" + (f" ({ratio:.2f}x)" if ratio is not None and r["actor"] != "floor" else "")),
             _s(r.get("job_running_p50_s")), r.get("start_requests"), _s(r.get("children_gone_s")),

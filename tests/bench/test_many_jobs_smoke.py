@@ -121,6 +121,26 @@ def test_many_jobs_smoke(pytorchjob_build, jobset_build, tmp_path: Path) -> None
     assert all(t["met"] in (True, False) for t in data["targets"]), data["targets"]
 
 
+@pytest.mark.cluster
+def test_the_floor_with_a_service_per_job_creates_and_deletes_them(tmp_path: Path) -> None:
+    """``--floor-services``: the floor creates each job's headless Service before its pods (one
+    creation more per job, counted by the API server) and deletes them with the pods."""
+    out = tmp_path / "floor.json"
+    result = run_benchmark(
+        "benchmarks.many_jobs", "--scenarios", "many", "--actors", "floor", "--floor-services", "--jobs", str(JOBS),
+        "--procs", str(PROCS), "--settle", "2", "--after-delete", "2", "--sample-seconds", "2", "--timeout", "300",
+        "--state-dir", str(tmp_path / "state"), "--json", str(out), timeout=600)
+    assert "floor + Services" in result.stdout
+    run = json.loads(out.read_text())["runs"][0]
+    # ok: the deletion's wait for every pod and Service of the namespace to be gone ended.
+    assert run["ok"], f"{run.get('error')}\n{run.get('traceback')}"
+    assert run["actor"] == "floor" and run["floor_services"] is True
+    assert run["requests"]["start"]["by_verb"] == {"create": JOBS * PROCS + JOBS}
+    assert run["pods_running"] == JOBS * PROCS and run["jobs_running"] == JOBS
+    busiest = dict(run["startup_apiserver_top"])
+    assert busiest.get("POST services") == JOBS, busiest
+
+
 # --- the pure parts -----------------------------------------------------------------------------
 
 def test_plans_name_every_job_once_with_its_size() -> None:
