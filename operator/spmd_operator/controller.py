@@ -452,7 +452,11 @@ class Controller:
         key = (meta.get("namespace", ""), meta.get("name", ""))
         if event_type == "DELETED" or meta.get("deletionTimestamp"):
             self._collect_children(event_type, key, meta)
-            self.forget(key)
+            held = self.jobs.get(key)
+            # kopf hands each uid's events to a worker of its own: an old job's deletion can come
+            # after its namesake's creation, and must not stop the namesake's loop.
+            if held is None or not meta.get("uid") or held.uid == meta.get("uid"):
+                self.forget(key)
             return
         loop = self.jobs.get(key)
         if loop is None or loop.uid != meta.get("uid"):
@@ -734,6 +738,13 @@ class Controller:
         if loop.next_check <= 0:
             loop.next_check = clock() + random.uniform(0, self.check_seconds)  # spread the GETs
         while True:
+            if self.jobs.get(loop.key) is not loop:
+                # Forgotten (its job deleted, or replaced by a namesake) while its task's
+                # cancellation was lost: Python 3.11's wait_for returns the wake-up's result when
+                # the cancel lands in the same turn as the event's set(). A pass from here would
+                # write the namesake's status by name, and take its body as its own.
+                loop.drop_observer()
+                return
             loop.wake.clear()
             started = clock()
             try:
@@ -1002,6 +1013,8 @@ class Controller:
         await self.events.record(loop.body, plan.events, transition=events.fingerprint(o.status))
         if not plan.status:
             return
+        if self.jobs.get(loop.key) is not loop:
+            raise JobGone("its loop was replaced (the job deleted, or a namesake created)")
         try:
             patched = await self.api.patch(kube.job_url(job.namespace, job.name, "status"), {"status": plan.status},
                                            owner=loop.key)
@@ -1009,6 +1022,12 @@ class Controller:
             if e.status == 404:
                 raise JobGone("it no longer exists on the server") from e
             raise
+        if (patched.get("metadata") or {}).get("uid") not in (None, job.uid):
+            # The status went to a namesake created since (a merge patch by name has no uid
+            # precondition): its body is not this loop's, and its loop corrects the status.
+            logger.warning("SPMDJob %s/%s: a status patch of uid %s reached a namesake (uid %s)", *loop.key,
+                           job.uid, patched["metadata"]["uid"])
+            raise JobGone("a namesake replaced it")
         loop.wrote(patched)
         loop.status_written = clock
         loop.progress_turn = None  # written (a transition takes the waiting counts with it)

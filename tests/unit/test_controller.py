@@ -1242,3 +1242,55 @@ def test_no_new_process_while_a_deleted_jobs_pods_are_still_held_and_one_once_th
 
     assert asyncio.run(scenario()) == [], "not while the deleted job's pod is held"
     assert calls == [1], "once its last pod went; the orphan does not hold it back"
+
+
+# --- a loop that outlived its job: a namesake's status is not its to write ----------------------
+
+
+def test_an_old_jobs_late_deletion_leaves_its_namesakes_loop_running():
+    """kopf hands each uid's events to a worker of its own, so the deletion of a job deleted and
+    created again can come after the namesake's creation: only the old uid's loop may stop."""
+    api = FakeApi(job_body())
+    c, loop = make(api)
+
+    async def scenario():
+        c._start_loop(loop)
+        await asyncio.sleep(0.05)
+        old = job_body()
+        old["metadata"].update({"uid": "the-deleted-job", "deletionTimestamp": "2026-12-04T00:00:00Z"})
+        c.observe_job("MODIFIED", old)
+        c.observe_job("DELETED", old)
+        await asyncio.sleep(0.05)
+        held, cancelled = c.jobs.get(JOB.key), loop.task.cancelled() or loop.task.done()
+        c.observe_job("DELETED", job_body())  # its own deletion does stop it
+        await asyncio.sleep(0.05)
+        return held, cancelled, c.jobs.get(JOB.key), loop.task.done()
+
+    held, cancelled, after, done = asyncio.run(scenario())
+    assert held is loop and not cancelled
+    assert after is None and done
+
+
+def test_a_forgotten_loop_whose_cancellation_was_lost_runs_no_pass():
+    """Python 3.11's wait_for can return the wake-up instead of the cancellation when both land
+    in one turn: the loop, no longer the job's, must stop by itself and write nothing."""
+    api = FakeApi(job_body())
+    c, loop = make(api)
+    del c.jobs[JOB.key]  # forgotten: its job deleted, or replaced by a namesake's loop
+
+    asyncio.run(asyncio.wait_for(c._run(loop), timeout=5))
+    assert api.calls == []
+    # A pass already under way when its loop was replaced does not write the status.
+    with pytest.raises(controller.JobGone):
+        run_pass(c, loop)
+    assert [call for call in api.calls if call[0] == "patch"] == []
+
+
+def test_a_status_patch_that_reached_a_namesake_is_not_taken_as_the_jobs_body():
+    """A merge patch by name has no uid precondition: the answer shows whose object it reached."""
+    api = FakeApi(job_body())
+    c, loop = make(api)
+    api.job["metadata"]["uid"] = "a-namesake"  # deleted and created again since the loop read it
+    with pytest.raises(controller.JobGone):
+        run_pass(c, loop)
+    assert loop.uid == JOB.uid and loop.written is None
