@@ -492,6 +492,7 @@ class _View:
     announced: set[int] = field(default_factory=set)  # rounds whose first failure was said
     quiet: bool = False  # the runner is stopping everything itself: the agents' reactions are not news
     lost: dict[int, int] = field(default_factory=dict)  # member -> the round it was lost in
+    seq: int = 0  # the last coordinator event taken (a welcome's history repeats the earlier ones)
 
     def drain(self) -> list[dict[str, Any]]:
         out = []
@@ -783,43 +784,58 @@ def _run_gang(plan: _Plan, restart: int, out: gang.Prefixer, note: Any, deadline
 
 
 def _follow(view: _View, note: Any, world: int) -> None:
-    """Turns the coordinator's events into the runner's notes and its view of the ranks."""
-    quiet = view.quiet
+    """Turns the coordinator's events into the runner's notes and its view of the ranks. The
+    ``welcome`` of an observer that connected late (or again) carries the history it missed (a
+    rank that failed at once, the restart): those events are taken as if they had come live."""
     for event in view.drain():
-        kind = event.get("type")
-        r = event.get("round")
-        if kind == rendezvous.WELCOME:
+        if event.get("type") == rendezvous.WELCOME:
+            for past in event.get("history") or []:
+                _take(view, past, note)
             view.round = int(event.get("round", view.round))
-        elif kind == rendezvous.EV_RUNNING:
-            for row in event.get("procs") or []:
-                if isinstance(row.get("pid"), int):
-                    view.pids.add(row["pid"])
-        elif kind == rendezvous.EV_EXITED:
-            for row in event.get("procs") or []:
-                view.rows.setdefault(int(r), {})[int(row["rank"])] = row
-        elif kind == rendezvous.EV_FAILURE and not quiet:
-            if r not in view.announced:
-                view.announced.add(r)
-                if event.get("reason") == rendezvous.REASON_MEMBER_LOST:
-                    note(f"{event.get('message')}; stopping the other ranks")
-                else:
-                    note(f"{_failed_words(event)}; stopping the other ranks")
-        elif kind == rendezvous.EV_RESTART:
-            view.round = int(event.get("next_round", view.round))
-            if not quiet and event.get("reason") == rendezvous.REASON_MEMBER_LOST:
-                note(f"the other ranks restart in place (restart {event.get('next_round')}) once a new worker of "
-                     f"member {event.get('member')} joins")
-            elif not quiet:
-                wait = event.get("backoff_seconds") or 0
-                after = f", after a back-off of {wait:g}s" if wait else ""
-                note(f"restarting the gang (restart {event.get('next_round')} of at most {event.get('max_restarts')}) "
-                     f"in place{after}")
-        elif kind == rendezvous.EV_ALL_RUNNING and event.get("seconds_since_failure") is not None and not quiet:
-            note(f"restart {r}: every rank is running again, {event['seconds_since_failure']:.2f}s after the failure")
-        elif kind == rendezvous.EV_LOST:
-            view.lost[int(event["member"])] = int(r)
-        elif kind in (rendezvous.EV_SUCCEEDED, rendezvous.EV_FAILED):
-            view.final = event
+        else:
+            _take(view, event, note)
+
+
+def _take(view: _View, event: Mapping[str, Any], note: Any) -> None:
+    """One coordinator event, once: one already taken (by its sequence number) is skipped."""
+    seq = event.get("seq")
+    if isinstance(seq, int):
+        if seq <= view.seq:
+            return
+        view.seq = seq
+    quiet = view.quiet
+    kind = event.get("type")
+    r = event.get("round")
+    if kind == rendezvous.EV_RUNNING:
+        for row in event.get("procs") or []:
+            if isinstance(row.get("pid"), int):
+                view.pids.add(row["pid"])
+    elif kind == rendezvous.EV_EXITED:
+        for row in event.get("procs") or []:
+            view.rows.setdefault(int(r), {})[int(row["rank"])] = row
+    elif kind == rendezvous.EV_FAILURE and not quiet:
+        if r not in view.announced:
+            view.announced.add(r)
+            if event.get("reason") == rendezvous.REASON_MEMBER_LOST:
+                note(f"{event.get('message')}; stopping the other ranks")
+            else:
+                note(f"{_failed_words(event)}; stopping the other ranks")
+    elif kind == rendezvous.EV_RESTART:
+        view.round = int(event.get("next_round", view.round))
+        if not quiet and event.get("reason") == rendezvous.REASON_MEMBER_LOST:
+            note(f"the other ranks restart in place (restart {event.get('next_round')}) once a new worker of "
+                 f"member {event.get('member')} joins")
+        elif not quiet:
+            wait = event.get("backoff_seconds") or 0
+            after = f", after a back-off of {wait:g}s" if wait else ""
+            note(f"restarting the gang (restart {event.get('next_round')} of at most {event.get('max_restarts')}) "
+                 f"in place{after}")
+    elif kind == rendezvous.EV_ALL_RUNNING and event.get("seconds_since_failure") is not None and not quiet:
+        note(f"restart {r}: every rank is running again, {event['seconds_since_failure']:.2f}s after the failure")
+    elif kind == rendezvous.EV_LOST:
+        view.lost[int(event["member"])] = int(r)
+    elif kind in (rendezvous.EV_SUCCEEDED, rendezvous.EV_FAILED):
+        view.final = event
 
 
 def _kill_ranks(view: _View) -> None:
