@@ -150,6 +150,16 @@ def make(api, *, synced=True):
     return c, loop
 
 
+async def _lead_until_the_pods_are_posted(c, api):
+    """The job's loop started by the leader, and run until its 4 pods are created (2 s at most)."""
+    c.active = True
+    c._start_loop(c.jobs[JOB.key])
+    for _ in range(100):
+        await asyncio.sleep(0.02)
+        if len(api.posted("pods")) == 4:
+            return
+
+
 def listed(inf):
     """What an informer's first list does to its state (the stand-in API has no watch)."""
     inf._listed.update(inf.scopes)
@@ -836,12 +846,7 @@ def test_a_deleted_jobs_loop_is_freed_by_the_trim_not_kept_by_its_cycle(monkeypa
     seen: dict[str, object] = {}
 
     async def scenario():
-        c.active = True
-        c._start_loop(c.jobs[JOB.key])
-        for _ in range(100):
-            await asyncio.sleep(0.02)
-            if len(api.posted("pods")) == 4:
-                break
+        await _lead_until_the_pods_are_posted(c, api)
         seen["task"] = weakref.ref(c.jobs[JOB.key].task)
         c.forget(JOB.key)  # its deletion: the loop is cancelled and dropped
         await asyncio.sleep(0.01)
@@ -1175,12 +1180,7 @@ def _recycle_after_forget(monkeypatch, *, doomed: bool) -> tuple[list[str], cont
     c.start_afresh = lambda: calls.append("active" if c.active else "stopped")
 
     async def scenario():
-        c.active = True
-        c._start_loop(c.jobs[JOB.key])
-        for _ in range(100):
-            await asyncio.sleep(0.02)
-            if len(api.posted("pods")) == 4:
-                break
+        await _lead_until_the_pods_are_posted(c, api)
         if doomed:
             c._doomed.append((JOB.key, "/api/v1/namespaces/x/pods/y", None))
         c.forget(JOB.key)
