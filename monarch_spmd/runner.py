@@ -411,6 +411,7 @@ class _Plan:
     member_failure_limit: int | None
     logs: LogOptions | None
     gpus: bool
+    token: str = field(default_factory=rendezvous.new_token, repr=False)  # the coordinator's proof of membership
 
 
 def _gpu_env(job: LocalJob, first_rank: int, procs: int, base: Mapping[str, str]) -> dict[str, str]:
@@ -458,6 +459,7 @@ def _member(plan: _Plan, index: int, restart: int, disruptions: int = 0) -> gang
         pod_layout=s.pod_layout,
         agent_port=plan.agent_port,
         agent_addr=LOCAL_MASTER_ADDR,
+        agent_token=plan.token,
         disruptions=disruptions or None,
         permanent_exit_codes=s.permanent_exit_codes or None,
         retryable_exit_codes=s.retryable_exit_codes or None,
@@ -651,6 +653,7 @@ def _run_gang(plan: _Plan, restart: int, out: gang.Prefixer, note: Any, deadline
               handlers: Mapping[int, Any], on_event: Any) -> int | tuple[int]:
     """One gang of workers, from its start to its end: an exit code, or ``(restart,)`` when a new
     gang must start at that restart count."""
+    plan = _replace(plan, token=rendezvous.new_token())  # each gang its own proof of membership
     s = plan.job.spec
     world = s.world_size
     procs = _procs_per_worker(s)
@@ -682,7 +685,7 @@ def _run_gang(plan: _Plan, restart: int, out: gang.Prefixer, note: Any, deadline
     group = gang.Gang(members, out, plan.grace, preexec=agent.parent_death_hook(signal.SIGTERM),
                       stop_on_failure=False, selector=selector)
     observer = agent.Observer(LOCAL_MASTER_ADDR, plan.agent_port, on_message,
-                              retry_until=time.monotonic() + s.rendezvous_timeout_seconds + 5)
+                              retry_until=time.monotonic() + s.rendezvous_timeout_seconds + 5, token=plan.token)
     expired = False
     stopped_by: int | None = None
     handled: set[int] = set()

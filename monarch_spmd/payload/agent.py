@@ -79,6 +79,8 @@ class Settings:
         output_in_failures: a failure report, the termination message and the heartbeats carry
             lines of the processes' output (MONARCH_SPMD_FAILURE_OUTPUT=Tail); False: only what
             the agent itself says (rank, exit code, reason).
+        token: the attempt's proof of membership (MONARCH_SPMD_AGENT_TOKEN): every hello carries
+            it, and member 0's coordinator accepts no connection without it ("" accepts any).
     """
 
     member: int
@@ -102,6 +104,7 @@ class Settings:
     timer_file: str | None = None
     bind_any: bool = True
     output_in_failures: bool = True
+    token: str = field(default="", repr=False)
 
 
 # --- sockets ---------------------------------------------------------------------------------------
@@ -140,11 +143,12 @@ class _Conn:
 
     def __init__(self, sock: socket.socket, now: float) -> None:
         self.sock = sock
-        self.lines = rendezvous.LineBuffer()
+        self.lines = rendezvous.LineBuffer(rendezvous.MAX_HELLO_LINE)
         self.out = bytearray()
         self.role: str | None = None
         self.member: int | None = None
         self.heard = now
+        self.accepted = now
 
 
 class CoordinatorServer:
@@ -157,7 +161,8 @@ class CoordinatorServer:
     for HEARTBEAT_TIMEOUT is lost, and one whose node is gone sooner, by TCP keepalive.
     """
 
-    def __init__(self, sock: socket.socket, machine: rendezvous.Coordinator) -> None:
+    def __init__(self, sock: socket.socket, machine: rendezvous.Coordinator, token: str = "") -> None:
+        self.token = token
         self.sock = sock
         self.sock.setblocking(False)
         self.machine = machine
@@ -205,10 +210,16 @@ class CoordinatorServer:
                 if conn is None:
                     continue
                 if events & selectors.EVENT_READ:
-                    self._read(conn)
+                    try:
+                        self._read(conn)
+                    except Exception as e:  # noqa: BLE001 - one connection's trouble never ends the coordinator
+                        self._drop_after_error(conn, e)
                 if events & selectors.EVENT_WRITE and conn.sock in self.conns:
                     self._flush(conn)
             now = time.monotonic()
+            for conn in [c for c in self.conns.values() if c.role is None]:
+                if now - conn.accepted > rendezvous.HELLO_TIMEOUT:
+                    self._close(conn)  # never said hello: a port scanner, a stranger, a wedged client
             with self.lock:
                 self._apply(self.machine.tick(now))
                 if now - last_beat >= rendezvous.HEARTBEAT_INTERVAL:
@@ -228,6 +239,11 @@ class CoordinatorServer:
                 return
             except OSError:
                 return
+            pending = [c for c in self.conns.values() if c.role is None]
+            if len(pending) >= rendezvous.MAX_PENDING:
+                # Too many connections that have not said hello: the oldest goes, so a flood of
+                # strangers never keeps a member (whose hello comes at once) out.
+                self._close(min(pending, key=lambda c: c.accepted))
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             keepalive(sock)
@@ -254,7 +270,17 @@ class CoordinatorServer:
             for message in messages:
                 if conn.sock not in self.conns:
                     return
-                self._handle(conn, message)
+                try:
+                    self._handle(conn, message)
+                except rendezvous.ProtocolError as e:
+                    # A bad message closes its own connection and nothing else (a member's
+                    # closing is that member lost, as a broken connection is).
+                    if conn.role == rendezvous.ROLE_MEMBER:
+                        self._send(conn, rendezvous.encode({"type": rendezvous.REFUSED, "reason": str(e)}))
+                        self._lost(conn, rendezvous.LOST_DISCONNECTED)
+                    else:
+                        self._refuse(conn, str(e))
+                    return
 
     def _handle(self, conn: _Conn, message: dict[str, Any]) -> None:
         kind = message["type"]
@@ -262,28 +288,27 @@ class CoordinatorServer:
         m = self.machine
         if conn.role is None:
             if kind != rendezvous.HELLO:
-                self._refuse(conn, f"the first message must be hello, not {kind}")
-                return
-            versions = message.get("versions") or [message.get("v", rendezvous.VERSION)]
-            if rendezvous.VERSION not in versions:
-                self._refuse(conn, f"protocol versions {versions} are not spoken here")
-                return
-            role = message.get("role")
+                raise rendezvous.ProtocolError(f"the first message must be hello, not {kind[:40]!r}")
+            if not rendezvous.token_matches(self.token, message.get("token")):
+                # Says nothing of the job: no member id, no round, no output.
+                raise rendezvous.ProtocolError("not a member or observer of this job's attempt (wrong token)")
+            hello = rendezvous.check_hello(message, m.members)
+            if rendezvous.VERSION not in hello["versions"]:
+                raise rendezvous.ProtocolError(f"protocol versions {hello['versions']} are not spoken here")
+            role = hello["role"]
             if role == rendezvous.ROLE_OBSERVER:
+                if len(self.observers) >= rendezvous.MAX_OBSERVERS:
+                    raise rendezvous.ProtocolError(f"{rendezvous.MAX_OBSERVERS} observers are connected already")
                 conn.role = role
                 self.observers.append(conn)
                 self._send(conn, rendezvous.encode(m.observer_welcome()))
                 return
-            member = message.get("member")
-            if role != rendezvous.ROLE_MEMBER or not isinstance(member, int) or not 0 <= member < m.members:
-                self._refuse(conn, f"a hello must name role observer, or role member with a member id in "
-                                   f"0..{m.members - 1}; got role {role!r}, member {member!r}")
-                return
+            member = hello["member"]
             old = self.by_member.get(member)
             conn.role, conn.member = role, member
+            conn.lines.limit = rendezvous.MAX_MEMBER_LINE
             self.by_member[member] = conn
-            outs = m.hello(member, str(message.get("incarnation", "")), now,
-                           disruptions=int(message.get("disruptions") or 0), node=str(message.get("node") or ""))
+            outs = m.hello(member, hello["incarnation"], now, disruptions=hello["disruptions"], node=hello["node"])
             for out in outs:
                 if out.drop:
                     if old is not None and old is not conn:
@@ -294,22 +319,21 @@ class CoordinatorServer:
             return
         member = conn.member
         if conn.role != rendezvous.ROLE_MEMBER or member is None:
-            return  # an observer says nothing after hello
+            raise rendezvous.ProtocolError("an observer says nothing after hello")
+        message = rendezvous.check_member_message(message)
         r = message.get("round")
         if kind == rendezvous.JOIN:
-            self._apply(m.join(member, int(r), now))
+            self._apply(m.join(member, r, now))
         elif kind == rendezvous.RUNNING:
-            self._apply(m.running(member, int(r), list(message.get("procs") or []), now))
+            self._apply(m.running(member, r, message["procs"], now))
         elif kind == rendezvous.FAILURE:
-            self._apply(m.failure(member, int(r), message, now))
+            self._apply(m.failure(member, r, message, now))
         elif kind == rendezvous.EXITED:
-            self._apply(m.exited(member, int(r), list(message.get("procs") or []), now))
+            self._apply(m.exited(member, r, message["procs"], now))
         elif kind == rendezvous.LEAVE:
             self._lost(conn, rendezvous.LOST_LEFT)
         elif kind == rendezvous.HEARTBEAT:
-            idle = message.get("idle")
-            self._apply(m.heartbeat(member, now, idle=idle if isinstance(idle, (int, float)) else None,
-                                    rank=message.get("rank"), line=str(message.get("line") or "")))
+            self._apply(m.heartbeat(member, now, idle=message["idle"], rank=message["rank"], line=message["line"]))
 
     def _apply(self, outs: Sequence[rendezvous.Out]) -> None:
         for out in outs:
@@ -327,6 +351,15 @@ class CoordinatorServer:
 
     def _send(self, conn: _Conn, data: bytes) -> None:
         if conn.sock not in self.conns:
+            return
+        if len(conn.out) + len(data) > rendezvous.MAX_OUTBOX and conn.out:
+            # A peer that does not read: an observer is dropped (it may reconnect and get a
+            # welcome); a member is lost, as one whose connection broke.
+            conn.out.clear()
+            if conn.role == rendezvous.ROLE_MEMBER:
+                self._lost(conn, rendezvous.LOST_DISCONNECTED)
+            else:
+                self._close(conn)
             return
         conn.out += data
         self._flush(conn)
@@ -349,6 +382,15 @@ class CoordinatorServer:
             self.selector.modify(conn.sock, events, None)
         except (KeyError, ValueError):
             pass
+
+    def _drop_after_error(self, conn: _Conn, error: Exception) -> None:
+        """What an unexpected error while serving ``conn`` ends: that connection only."""
+        print(f"{_PREFIX}: coordinator: closed a connection after {type(error).__name__}: {error}", file=sys.stderr,
+              flush=True)
+        if conn.role == rendezvous.ROLE_MEMBER:
+            self._lost(conn, rendezvous.LOST_DISCONNECTED)
+        else:
+            self._close(conn)
 
     def _refuse(self, conn: _Conn, reason: str) -> None:
         self._send(conn, rendezvous.encode({"type": rendezvous.REFUSED, "reason": reason,
@@ -631,7 +673,7 @@ class Agent:
                                      rendezvous.REASON_COORDINATOR_UNREACHABLE)
             machine = rendezvous.Coordinator(self.s.members, self.s.first_round, self.s.policy, time.monotonic(),
                                              world_size=self.s.world_size, run_id=self.s.run_id, wall=time.time)
-            self.server = CoordinatorServer(sock, machine)
+            self.server = CoordinatorServer(sock, machine, self.s.token)
             self.server.start()
             if self.s.bind_any:
                 addr = "127.0.0.1"  # its own coordinator, over loopback
@@ -643,7 +685,8 @@ class Agent:
             return self._give_up(f"{e} within {self.s.connect_timeout:g}s", rendezvous.REASON_COORDINATOR_UNREACHABLE)
         self.selector.register(self.link.fileno(), selectors.EVENT_READ, self.link.readable)
         self.link.send({"type": rendezvous.HELLO, "v": rendezvous.VERSION, "versions": list(rendezvous.VERSIONS),
-                        "role": rendezvous.ROLE_MEMBER, "member": self.s.member, "incarnation": self.incarnation,
+                        "role": rendezvous.ROLE_MEMBER, "token": self.s.token,
+                        "member": self.s.member, "incarnation": self.incarnation,
                         "round": self.s.first_round, "disruptions": self.s.policy.disruptions,
                         "node": self.s.node, "pid": os.getpid(), "procs": self.s.procs,
                         "first_rank": self.s.first_rank})
@@ -858,8 +901,8 @@ class Agent:
             message = f"rank {proc.member.rank} {self._how(proc)}"
             if self.s.procs > 1:  # as the verdict line names it (failure_line)
                 message += f" (local rank {proc.member.local_rank})"
-        tail = list(proc.tail) if self.s.output_in_failures else []
-        return {**proc.row(), "reason": reason, "message": message, "tail": tail,
+        tail = rendezvous.cut_lines(proc.tail) if self.s.output_in_failures else []
+        return {**proc.row(), "reason": reason, "message": rendezvous.cut(message, rendezvous.MAX_TEXT), "tail": tail,
                 "at": proc.exited_at or time.time()}
 
     def _end_round(self) -> gang.Gang:
@@ -907,7 +950,8 @@ class Agent:
                 now = time.monotonic()
                 stalest = min(running, key=lambda p: p.last_output)
                 beat.update(idle=round(now - stalest.last_output, 3), rank=stalest.member.rank,
-                            line=stalest.last_line[-200:] if self.s.output_in_failures else "")
+                            line=rendezvous.cut(stalest.last_line[-200:], rendezvous.MAX_OUTPUT_LINE)
+                            if self.s.output_in_failures else "")
         link.send(beat)
 
     # --- endings ---------------------------------------------------------------------------------
@@ -992,8 +1036,9 @@ class Observer:
     """
 
     def __init__(self, addr: str, port: int, on_message: Callable[[dict[str, Any]], None],
-                 retry_until: float) -> None:
+                 retry_until: float, token: str = "") -> None:
         self.addr, self.port = addr, port
+        self.token = token
         self.on_message = on_message
         self.retry_until = retry_until
         self.stopped = threading.Event()
@@ -1025,7 +1070,7 @@ class Observer:
     def _read(self, sock: socket.socket) -> None:
         sock.settimeout(0.2)
         sock.sendall(rendezvous.encode({"type": rendezvous.HELLO, "role": rendezvous.ROLE_OBSERVER,
-                                        "versions": list(rendezvous.VERSIONS)}))
+                                        "versions": list(rendezvous.VERSIONS), "token": self.token}))
         self.connected.set()
         lines = rendezvous.LineBuffer()
         while not self.stopped.is_set():

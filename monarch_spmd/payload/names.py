@@ -58,6 +58,9 @@ MONARCH_PORT_VAR: Final = "MONARCH_SPMD_MONARCH_PORT"
 # Restart in place (docs/restart-in-place.md): the coordinator, the policy it decides with, hangs.
 AGENT_PORT_VAR: Final = "MONARCH_SPMD_AGENT_PORT"
 AGENT_ADDR_VAR: Final = "MONARCH_SPMD_AGENT_ADDR"
+#: The attempt's proof of membership: every agent's and observer's hello carries it, and the
+#: coordinator accepts no connection without it (docs/restart-in-place.md, "Trust and bounds").
+AGENT_TOKEN_VAR: Final = "MONARCH_SPMD_AGENT_TOKEN"
 DISRUPTIONS_VAR: Final = "MONARCH_SPMD_DISRUPTIONS"
 PERMANENT_EXIT_CODES_VAR: Final = "MONARCH_SPMD_PERMANENT_EXIT_CODES"
 RETRYABLE_EXIT_CODES_VAR: Final = "MONARCH_SPMD_RETRYABLE_EXIT_CODES"

@@ -18,7 +18,10 @@ exited 0, ``finish``. Observers get ``welcome`` (state and history) and then eve
 
 from __future__ import annotations
 
+import hmac
 import json
+import math
+import secrets
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -68,6 +71,8 @@ EV_FAILED: Final = "failed"
 HISTORY_EVENTS: Final = frozenset({EV_ROUND, EV_STARTED, EV_ALL_RUNNING, EV_FAILURE, EV_LOST, EV_RESTART,
                                    EV_SUCCEEDED, EV_FAILED})
 HISTORY_LIMIT: Final = 5000
+#: The newest history events always kept whole (with their output lines), whatever their size.
+HISTORY_WHOLE: Final = 12
 
 # --- phases -------------------------------------------------------------------------------------
 JOINING: Final = "joining"
@@ -117,8 +122,161 @@ DEFAULT_JOIN_TIMEOUT: Final = 120.0
 DEFAULT_MEMBER_FAILURE_LIMIT: Final = 3
 
 
+# --- bounds (docs/restart-in-place.md, "Trust and bounds") ------------------------------------------
+#: The longest line a connection may send before it has authenticated (its ``hello``).
+MAX_HELLO_LINE: Final = 4096
+#: The longest line a member may send (a failure with its tail is the largest).
+MAX_MEMBER_LINE: Final = 256 * 1024
+#: Seconds a new connection has to send a valid ``hello`` before it is closed.
+HELLO_TIMEOUT: Final = 5.0
+#: Connections that have not said ``hello`` yet, at most; more are closed as they come.
+MAX_PENDING: Final = 64
+#: Observers at once, at most; one more is refused.
+MAX_OBSERVERS: Final = 16
+#: Bytes waiting to be sent to one connection, at most: an observer that reads slower than the
+#: events come is dropped (it reconnects and gets a welcome), never buffered without limit.
+MAX_OUTBOX: Final = 2 * 1024 * 1024
+#: A message's or reason's text, in characters, at most (longer is cut).
+MAX_TEXT: Final = 2048
+#: One output line carried by a failure (tail), a heartbeat or a progress event, in characters.
+MAX_OUTPUT_LINE: Final = 512
+#: The history a welcome carries, in bytes of JSON at most: the oldest events lose their output
+#: first, then go.
+MAX_HISTORY_BYTES: Final = 512 * 1024
+#: Rows of a running or exited message (processes per member), at most.
+MAX_PROCS: Final = 4096
+#: The largest round, rank, pid or member id accepted.
+MAX_INT: Final = (1 << 31) - 1
+#: A node name, incarnation, reason or signal name, in characters, at most.
+MAX_NAME: Final = 253
+
+
 class ProtocolError(ValueError):
-    """A line that is not a protocol message (not JSON, no type, too long)."""
+    """A line that is not a protocol message (not JSON, no type, too long, a field of the wrong
+    type or out of range)."""
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` at most ``limit`` characters: its start and a note of how much was cut."""
+    if len(text) <= limit:
+        return text
+    note = f" ... [{len(text) - limit} characters cut]"
+    return text[:max(0, limit - len(note))] + note
+
+
+def cut_lines(lines: Iterable[str], count: int = TAIL_LINES, limit: int = MAX_OUTPUT_LINE) -> list[str]:
+    """The last ``count`` lines, each cut to ``limit`` characters."""
+    return [cut(str(line), limit) for line in list(lines)[-count:]]
+
+
+def _int(message: Mapping[str, Any], key: str, lo: int, hi: int, *, optional: bool = False) -> int | None:
+    value = message.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise ProtocolError(f"{message.get('type')}.{key}: {str(value)[:40]!r} is not valid; expected an integer "
+                            f"{lo}..{hi}{' or null' if optional else ''}")
+    return value
+
+
+def _str(message: Mapping[str, Any], key: str, limit: int, *, optional: bool = True) -> str | None:
+    value = message.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise ProtocolError(f"{message.get('type')}.{key}: expected a string, got {type(value).__name__}")
+    return cut(value, limit)
+
+
+def _number(message: Mapping[str, Any], key: str) -> float | None:
+    value = message.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        raise ProtocolError(f"{message.get('type')}.{key}: {str(value)[:40]!r} is not valid; expected a "
+                            "non-negative number or null")
+    return float(value)
+
+
+def _lines(message: Mapping[str, Any], key: str) -> list[str]:
+    value = message.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(line, str) for line in value):
+        raise ProtocolError(f"{message.get('type')}.{key}: expected a list of strings")
+    return cut_lines(value)
+
+
+def _proc_row(message: Mapping[str, Any], index: int, row: Any) -> dict[str, Any]:
+    if not isinstance(row, Mapping):
+        raise ProtocolError(f"{message.get('type')}.procs: expected objects, got {type(row).__name__}")
+    kind = message.get("type")
+    row = {**row, "type": f"{kind}.procs[{index}]"}  # how a bad field of the row is named
+    out: dict[str, Any] = {"rank": _int(row, "rank", 0, MAX_INT), "local_rank": _int(row, "local_rank", 0, MAX_INT),
+                           "pid": _int(row, "pid", 0, MAX_INT, optional=True)}
+    if kind == EXITED:
+        out.update(exit_code=_int(row, "exit_code", 0, 255, optional=True),
+                   returncode=_int(row, "returncode", -255, 255, optional=True),
+                   signal=_str(row, "signal", MAX_NAME), stopped=bool(row.get("stopped") is True))
+        reason = _str(row, "reason", MAX_NAME)
+        if reason is not None:
+            out["reason"] = reason
+    return out
+
+
+def check_hello(message: Mapping[str, Any], members: int) -> dict[str, Any]:
+    """A ``hello``'s fields, checked (types, ranges, sizes); raises :class:`ProtocolError`."""
+    versions = message.get("versions")
+    if versions is None:
+        versions = [message.get("v", VERSION)]
+    if not isinstance(versions, list) or not 1 <= len(versions) <= 16 \
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in versions):
+        raise ProtocolError("hello.versions: expected a list of 1..16 integers")
+    role = message.get("role")
+    if role not in (ROLE_MEMBER, ROLE_OBSERVER):
+        raise ProtocolError(f"hello.role: {str(role)[:40]!r} is not valid; expected {ROLE_MEMBER} or {ROLE_OBSERVER}")
+    out: dict[str, Any] = {"role": role, "versions": versions, "token": _str(message, "token", 256) or ""}
+    if role == ROLE_MEMBER:
+        if members < 1:
+            raise ProtocolError("hello: this coordinator has no members")
+        out.update(member=_int(message, "member", 0, members - 1),
+                   incarnation=_str(message, "incarnation", 64) or "",
+                   disruptions=_int(message, "disruptions", 0, MAX_INT, optional=True) or 0,
+                   node=_str(message, "node", MAX_NAME) or "")
+    return out
+
+
+def check_member_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A member's message after ``hello``, checked and cut to the bounds; raises
+    :class:`ProtocolError` for an unknown type, a field of the wrong type or out of range."""
+    kind = message.get("type")
+    if kind == HEARTBEAT:
+        return {"type": kind, "idle": _number(message, "idle"), "rank": _int(message, "rank", 0, MAX_INT, optional=True),
+                "line": _str(message, "line", MAX_OUTPUT_LINE) or ""}
+    if kind == LEAVE:
+        return {"type": kind}
+    if kind not in (JOIN, RUNNING, FAILURE, EXITED):
+        raise ProtocolError(f"a member may not send {str(kind)[:40]!r}")
+    out: dict[str, Any] = {"type": kind, "round": _int(message, "round", 0, MAX_INT)}
+    if kind in (RUNNING, EXITED):
+        procs = message.get("procs")
+        if not isinstance(procs, list) or len(procs) > MAX_PROCS:
+            raise ProtocolError(f"{kind}.procs: expected a list of at most {MAX_PROCS} objects")
+        out["procs"] = [_proc_row(message, i, row) for i, row in enumerate(procs)]
+    elif kind == FAILURE:
+        at = _number(message, "at")
+        out.update(rank=_int(message, "rank", 0, MAX_INT, optional=True),
+                   local_rank=_int(message, "local_rank", 0, MAX_INT, optional=True),
+                   pid=_int(message, "pid", 0, MAX_INT, optional=True),
+                   exit_code=_int(message, "exit_code", 0, 255, optional=True),
+                   returncode=_int(message, "returncode", -255, 255, optional=True),
+                   signal=_str(message, "signal", MAX_NAME), reason=_str(message, "reason", MAX_NAME),
+                   message=_str(message, "message", MAX_TEXT), tail=_lines(message, "tail"), at=at)
+    return out
+
+
+def _event_size(event: Mapping[str, Any]) -> int:
+    return len(encode(event))
 
 
 def encode(message: Mapping[str, Any]) -> bytes:
@@ -145,11 +303,13 @@ class LineBuffer:
             raise ProtocolError(f"a line longer than {self.limit} bytes")
         out = []
         for line in lines:
+            if len(line) > self.limit:
+                raise ProtocolError(f"a line longer than {self.limit} bytes")
             if not line.strip():
                 continue
             try:
                 message = json.loads(line)
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:  # RecursionError: nesting deeper than the parser goes
                 raise ProtocolError(f"not JSON: {line[:80]!r} ({e})") from None
             if not isinstance(message, dict) or not isinstance(message.get("type"), str):
                 raise ProtocolError(f"not a message (an object with a string type): {line[:80]!r}")
@@ -265,6 +425,9 @@ class Coordinator:
         self.received = 0
         self.seq = 0
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY_LIMIT)
+        self.history_bytes = 0
+        self.history_compacted = 0
+        self.history_dropped = 0
         self.go_at = self.now
         self.deadline: float | None = None  # the first round has none (see start)
         self.stop_deadline: float | None = None
@@ -284,15 +447,45 @@ class Coordinator:
         self.seq += 1
         event = {"type": kind, "seq": self.seq, "time": self.wall(), "round": fields.pop("round", self.round), **fields}
         if kind in HISTORY_EVENTS:
-            self.history.append(event)
+            self._remember(event)
         return Out(OBSERVERS, event)
+
+    def _remember(self, event: dict[str, Any]) -> None:
+        """Keeps ``event`` in the history, within MAX_HISTORY_BYTES, so a welcome always fits a
+        line: the oldest events first lose their output lines and long texts (``compacted``), the
+        newest HISTORY_WHOLE never; then the oldest go (``history_dropped`` counts them)."""
+        if len(self.history) == self.history.maxlen:
+            self._forget_oldest()
+        self.history.append(event)
+        self.history_bytes += _event_size(event)
+        while self.history_bytes > MAX_HISTORY_BYTES and len(self.history) > 1:
+            i = self.history_compacted  # compacted events are always the oldest ones
+            if i < len(self.history) - HISTORY_WHOLE:
+                old = self.history[i]
+                small = {k: v for k, v in old.items() if k not in ("tail", "cause")}
+                if isinstance(old.get("cause"), Mapping):
+                    small["cause"] = {k: v for k, v in old["cause"].items() if k != "tail"}
+                if isinstance(small.get("message"), str):
+                    small["message"] = cut(small["message"], 200)
+                small["compacted"] = True
+                self.history_bytes += _event_size(small) - _event_size(old)
+                self.history[i] = small
+                self.history_compacted += 1
+            else:
+                self._forget_oldest()
+
+    def _forget_oldest(self) -> None:
+        self.history_bytes -= _event_size(self.history.popleft())
+        self.history_compacted = max(0, self.history_compacted - 1)
+        self.history_dropped += 1
 
     def observer_welcome(self) -> dict[str, Any]:
         """The ``welcome`` an observer gets: the state now and the history."""
         return {"type": WELCOME, "v": VERSION, "run_id": self.run_id, "members": self.members,
                 "world_size": self.world_size, "first_round": self.first_round, "round": self.round,
                 "phase": self.phase, "max_restarts": self.policy.max_restarts, "disruptions": self.disruptions,
-                "time": self.wall(), "seq": self.seq, "history": list(self.history)}
+                "time": self.wall(), "seq": self.seq, "history": list(self.history),
+                "history_dropped": self.history_dropped}
 
     def start(self) -> list[Out]:
         """The first round's ``round`` event (call once). The first round has no deadline: its
@@ -319,8 +512,10 @@ class Coordinator:
             self.replacements.add(member)
         self.seen.add(member)
         self.incarnations[member] = incarnation
-        self.nodes[member] = node
-        self.disruptions = max(self.disruptions, disruptions)
+        self.nodes[member] = cut(node, MAX_NAME)
+        # A member's count of disruptions is never more than the rounds there were (a larger one
+        # would stop restarts from counting against maxRestarts).
+        self.disruptions = max(self.disruptions, min(max(0, disruptions), self.round))
         # The round a member joins: the open one, or the next while this one runs or stops.
         join_round = self.round if self.phase in (JOINING, FINISHED, FAILED) else self.round + 1
         out.append(Out(member, {"type": WELCOME, "v": VERSION, "round": join_round, "phase": self.phase,
@@ -376,6 +571,10 @@ class Coordinator:
         return self._record_failure(member, dict(info))
 
     def _record_failure(self, member: int, info: dict[str, Any]) -> list[Out]:
+        if isinstance(info.get("message"), str):
+            info["message"] = cut(info["message"], MAX_TEXT)
+        if isinstance(info.get("tail"), list):
+            info["tail"] = cut_lines(info["tail"])
         self.received += 1
         self.failures.append(_Failure(member, info, self.received))
         fields = {k: info.get(k) for k in ("rank", "local_rank", "pid", "exit_code", "returncode", "signal",
@@ -585,3 +784,17 @@ def parse_codes(text: str, name: str) -> tuple[int, ...]:
 def parse_reasons(text: str) -> tuple[str, ...]:
     """A comma-separated list of reasons (a policy input)."""
     return tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+
+
+def token_matches(expected: str, given: object) -> bool:
+    """Whether a ``hello``'s token proves membership of this attempt: equal to the coordinator's,
+    compared in constant time; every hello passes where the coordinator has no token (a gang
+    created before tokens, or a local run that set none)."""
+    if not expected:
+        return True
+    return isinstance(given, str) and hmac.compare_digest(expected.encode(), given.encode())
+
+
+def new_token() -> str:
+    """A fresh proof of membership for one attempt: 256 random bits, URL-safe (43 characters)."""
+    return secrets.token_urlsafe(32)

@@ -55,6 +55,9 @@ MONARCH_SPMD_AGENT_PORT             unset (default), ``29400``  the restart-in-p
                                                                 place, the first failure ends the
                                                                 worker with its code
 MONARCH_SPMD_AGENT_ADDR             the master address          where agents reach the coordinator
+MONARCH_SPMD_AGENT_TOKEN            unset, 43 URL-safe chars    the attempt's proof of membership:
+                                                                the coordinator accepts only agents
+                                                                and observers whose hello has it
 MONARCH_SPMD_DISRUPTIONS            ``0`` (default)             restarts so far that do not count
                                                                 against the maximum
 MONARCH_SPMD_PERMANENT_EXIT_CODES   ``""`` (default), ``3,4``   restartPolicy.permanentExitCodes
@@ -152,6 +155,7 @@ from . import agent, contract, gang, rendezvous, timer
 from .names import (
     AGENT_ADDR_VAR,
     AGENT_PORT_VAR,
+    AGENT_TOKEN_VAR,
     BACKOFF_RESET_VAR,
     BACKOFF_VAR,
     COORDS_VAR,
@@ -212,6 +216,7 @@ INPUT_VARS: Final = (
     MONARCH_PORT_VAR,
     AGENT_PORT_VAR,
     AGENT_ADDR_VAR,
+    AGENT_TOKEN_VAR,
     DISRUPTIONS_VAR,
     PERMANENT_EXIT_CODES_VAR,
     RETRYABLE_EXIT_CODES_VAR,
@@ -270,6 +275,7 @@ class WorkerInputs:
     monarch_port: int = DEFAULT_MONARCH_PORT
     agent_port: int | None = None
     agent_addr: str | None = None
+    agent_token: str | None = dataclasses.field(default=None, repr=False)
     disruptions: int = 0
     permanent_exit_codes: tuple[int, ...] = ()
     retryable_exit_codes: tuple[int, ...] = ()
@@ -388,6 +394,7 @@ def worker_input_env(
 OPTIONAL_INPUTS: Final = {
     "agent_port": AGENT_PORT_VAR,
     "agent_addr": AGENT_ADDR_VAR,
+    "agent_token": AGENT_TOKEN_VAR,
     "disruptions": DISRUPTIONS_VAR,
     "permanent_exit_codes": PERMANENT_EXIT_CODES_VAR,
     "retryable_exit_codes": RETRYABLE_EXIT_CODES_VAR,
@@ -566,6 +573,7 @@ def read_inputs(environ: Mapping[str, str]) -> WorkerInputs:
         monarch_port=monarch_port,
         agent_port=agent_port,
         agent_addr=environ.get(AGENT_ADDR_VAR, "").strip() or None,
+        agent_token=_token_var(environ),
         disruptions=_int_var(environ, DISRUPTIONS_VAR, 0, 0, None),
         permanent_exit_codes=permanent_codes,
         retryable_exit_codes=retryable_codes,
@@ -582,6 +590,19 @@ def read_inputs(environ: Mapping[str, str]) -> WorkerInputs:
         redirects=redirects,
         tee=tee,
     )
+
+
+_TOKEN_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+def _token_var(environ: Mapping[str, str]) -> str | None:
+    token = environ.get(AGENT_TOKEN_VAR, "").strip()
+    if not token:
+        return None
+    if not 16 <= len(token) <= 256 or not set(token) <= _TOKEN_CHARS:
+        raise WorkerInputError(f"{AGENT_TOKEN_VAR}: not valid; expected 16..256 URL-safe characters "
+                               "(A-Z, a-z, 0-9, - and _)")
+    return token
 
 
 def build_env(inputs: WorkerInputs, base_env: Mapping[str, str], local: int = 0) -> dict[str, str]:
@@ -753,6 +774,7 @@ def agent_settings(inputs: WorkerInputs, base: Mapping[str, str]) -> agent.Setti
         timer_file=base.get(timer.FILE_VAR) or None,
         bind_any=bind_any,
         output_in_failures=inputs.failure_output != FAILURE_OUTPUT_NONE,
+        token=inputs.agent_token or "",
     )
 
 

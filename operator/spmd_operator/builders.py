@@ -232,7 +232,7 @@ def _trainer_index(containers: list[Any]) -> int | None:
 
 
 def pod_env(job: JobRef, spec: JobSpec, index: int, restart: int, *, restart_count: int | None = None,
-            disruptions: int = 0, keep: Collection[str] = ()) -> list[dict[str, Any]]:
+            disruptions: int = 0, keep: Collection[str] = (), token: str | None = None) -> list[dict[str, Any]]:
     """The operator's env of a pod: the downward API variables, then the MONARCH_SPMD_* inputs
     that differ from the worker's defaults (and the mesh, coordinates, master and attempt, always).
 
@@ -242,6 +242,9 @@ def pod_env(job: JobRef, spec: JobSpec, index: int, restart: int, *, restart_cou
             alone during a restart in place joins the gang's open round.
         disruptions: restarts so far that do not count against maxRestarts (restart in place).
         keep: inputs written even when they hold the default (the template refers to them).
+        token: the attempt's agent token (MONARCH_SPMD_AGENT_TOKEN), for a gang that restarts in
+            place: the same in every pod of the attempt, so only they (and the operator, which
+            reads it back from rank 0's pod) reach its coordinator.
     """
     inputs = worker.worker_input_env(
         spec.mesh_pairs,
@@ -258,6 +261,7 @@ def pod_env(job: JobRef, spec: JobSpec, index: int, restart: int, *, restart_cou
         monarch_port=MONARCH_PORT,
         defaults=False,
         keep=keep,
+        agent_token=token if policy.agent_port(spec) is not None else None,
         **policy.in_place_inputs(spec, disruptions),
     )
     env: list[dict[str, Any]] = [
@@ -340,7 +344,7 @@ def _serve_agent(trainer: dict[str, Any], port: int) -> None:
 
 def build_pod(job: JobRef, spec: JobSpec, index: int, restart: int, *, replacement: int = 0,
               restart_count: int | None = None, disruptions: int = 0,
-              payload: str | None = None) -> dict[str, Any]:
+              payload: str | None = None, token: str | None = None) -> dict[str, Any]:
     """Pod ``index`` of gang attempt ``restart``, merged with the user's pod template.
 
     In the PerProc layout pod ``index`` runs rank ``index``; in PerHost it runs the procs of host
@@ -363,6 +367,8 @@ def build_pod(job: JobRef, spec: JobSpec, index: int, restart: int, *, replaceme
         disruptions: restarts so far not counted against maxRestarts (status.disruptions).
         payload: the payload ConfigMap the pod mounts (:func:`names.payload_configmap_name`);
             None: the installed package's.
+        token: the attempt's agent token (InPlace only; see :func:`pod_env`); None: none, and
+            the coordinator accepts any connection (as pods of earlier versions do).
 
     Raises:
         ValueError: for an index out of range or a spec without an image (parse the spec with
@@ -389,7 +395,7 @@ def build_pod(job: JobRef, spec: JobSpec, index: int, restart: int, *, replaceme
     if agent is not None:
         _serve_agent(trainer, agent)
     env = pod_env(job, spec, index, restart, restart_count=restart_count, disruptions=disruptions,
-                  keep=_referenced(trainer, spec))
+                  keep=_referenced(trainer, spec), token=token)
     trainer["env"] = _merge_env(env, list(trainer.get("env") or []))
     mounts = [m for m in trainer.get("volumeMounts") or [] if m.get("name") != names.WORKER_VOLUME]
     mounts.append({"name": names.WORKER_VOLUME, "mountPath": names.WORKER_MOUNT_PATH, "readOnly": True})

@@ -71,6 +71,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from monarch_spmd import policy
+from monarch_spmd.payload import rendezvous
 from monarch_spmd.spec import SCHEDULING_KUEUE, SpecError, parse_stored
 
 from . import builders, events, informer, kube, lifecycle, memory, names
@@ -217,6 +218,9 @@ class JobLoop:
     check_now: bool = True
     next_check: float = 0.0
     observer: Observer | None = None
+    #: Restart in place: the agent token of each attempt this process made pods for, until the
+    #: pod cache shows them (an attempt's pods must all carry one token).
+    tokens: dict[int, str] = field(default_factory=dict)
 
     @property
     def uid(self) -> str:
@@ -899,7 +903,9 @@ class Controller:
             if loop.observer is not None and loop.observer.target != target:
                 loop.drop_observer()  # the same name, another pod (or address)
             if loop.observer is None:
-                loop.observer = Observer((zero.name, zero.uid), zero.ip, zero.agent_port, loop.wake.set)
+                loop.observer = Observer((zero.name, zero.uid), zero.ip, zero.agent_port, loop.wake.set,
+                                         token=zero.agent_token or "", run_id=job.uid,
+                                         job=f"{job.namespace}/{job.name}")
             loop.observer.start()
         elif loop.observer is not None:
             loop.observer.stop()  # rank 0's pod is gone or ending: keep what was heard
@@ -994,7 +1000,7 @@ class Controller:
             self._raise_first(results)
             creates = plan.create or plan.replace
             flavors = await self._flavors(o) if creates and o.workload is not None else []
-            rejected = await self._create_pods(loop, job, spec, plan, flavors) if creates else None
+            rejected = await self._create_pods(loop, job, spec, plan, flavors, o.pods) if creates else None
         if rejected is not None:
             # Refused by the API server (no pod goes without its Service and ConfigMap): the next
             # pass says why (lifecycle.refusal) or fails an invalid spec (lifecycle.admission).
@@ -1136,8 +1142,22 @@ class Controller:
         loop.created[name] = asyncio.get_running_loop().time()
         return existing
 
+    @staticmethod
+    def _attempt_token(loop: JobLoop, spec: Any, restart: int, pods: Iterable[lifecycle.PodInfo]) -> str | None:
+        """The agent token of attempt ``restart``'s pods: the one its pods already carry (created
+        by this process or an earlier one), else a new one; None without restart in place."""
+        if policy.agent_port(spec) is None:
+            return None
+        for old in [r for r in loop.tokens if r < restart]:
+            del loop.tokens[old]
+        carried = next((p.agent_token for p in pods if p.restart == restart and p.agent_token), None)
+        if carried is not None:
+            loop.tokens[restart] = carried
+        return loop.tokens.setdefault(restart, rendezvous.new_token())
+
     async def _create_pods(self, loop: JobLoop, job: JobRef, spec: Any, plan: lifecycle.Plan,
-                           flavors: list[dict[str, Any]]) -> lifecycle.Refusal | None:
+                           flavors: list[dict[str, Any]],
+                           pods: Iterable[lifecycle.PodInfo] = ()) -> lifecycle.Refusal | None:
         """Creates the plan's pods concurrently.
 
         Returns:
@@ -1149,12 +1169,13 @@ class Controller:
         # A pod is built only when its request may go: thousands of pod bodies never sit in memory
         # at once, and the server's answer (the pod again) is not decoded.
         gate = asyncio.Semaphore(self.api.concurrency)
+        token = self._attempt_token(loop, spec, plan.restart, pods) if ranks else None
 
         async def create(rank: int, replacement: int) -> Any:
             async with gate:
                 pod = builders.build_pod(job, spec, rank, plan.restart, replacement=replacement,
                                          restart_count=plan.replace_round if replacement else None,
-                                         disruptions=plan.disruptions, payload=self.payload_name)
+                                         disruptions=plan.disruptions, payload=self.payload_name, token=token)
                 builders.place_on_flavors(pod, flavors)
                 return await self.api.create(kube.pods_url(ns), pod, keep=False, owner=loop.key)
 

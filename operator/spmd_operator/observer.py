@@ -46,6 +46,10 @@ RECONNECT_MAX_SECONDS: Final = RECONNECT_SECONDS[-1]
 CONNECT_TIMEOUT: Final = 5.0
 
 Target = tuple[str, str, str, int]  # (pod name, pod uid, address, port)
+#: The events kept (per kind) of those the lifecycle reads; the newest are enough for it.
+EVENTS_KEPT: Final = 64
+_KEPT: Final = frozenset({rendezvous.EV_ROUND, rendezvous.EV_STARTED, rendezvous.EV_ALL_RUNNING,
+                          rendezvous.EV_RESTART, rendezvous.EV_LOST})
 
 
 class Observer:
@@ -56,13 +60,25 @@ class Observer:
         address: the pod's IP.
         port: the agent port (the pod's ``spmd-agent`` container port).
         wake: called (on the event loop) after each batch of messages: the job's loop runs a pass.
+        token: the attempt's agent token (the pod's MONARCH_SPMD_AGENT_TOKEN), sent in hello.
+        run_id: the job's uid: a welcome naming another run (a reused pod IP, another job's
+            coordinator) is refused and the connection closed.
+        job: ``namespace/name``, for the log.
+
+    Memory is bounded however long the gang runs: the events kept per kind are the newest
+    EVENTS_KEPT (the lifecycle reads the newest rounds), and the receive times only theirs.
     """
 
-    def __init__(self, pod: tuple[str, str], address: str, port: int, wake: Callable[[], None]) -> None:
+    def __init__(self, pod: tuple[str, str], address: str, port: int, wake: Callable[[], None], *,
+                 token: str = "", run_id: str | None = None, job: str = "") -> None:
         self.pod_name, self.pod_uid = pod
         self.address = address
         self.port = port
         self.wake = wake
+        self.token = token
+        self.run_id = run_id
+        self.job = job or self.pod_name
+        self.warned: str | None = None  # the trouble last logged at WARNING (each kind once per outage)
         self.task: asyncio.Task[None] | None = None
         self.connected = False
         self.error: str | None = None
@@ -128,13 +144,18 @@ class Observer:
     def _apply(self, event: Mapping[str, Any], received: float) -> None:
         kind = event.get("type")
         seq = event.get("seq")
-        if isinstance(seq, int):
+        kept = kind in _KEPT
+        if isinstance(seq, int) and kept:
             received = self.received.setdefault(seq, received)
         item = {**event, "received": received}
         r = event.get("round")
-        if kind in (rendezvous.EV_ROUND, rendezvous.EV_STARTED, rendezvous.EV_ALL_RUNNING, rendezvous.EV_RESTART,
-                    rendezvous.EV_LOST):
-            self.events.setdefault(str(kind), []).append(item)
+        if kept:
+            events = self.events.setdefault(str(kind), [])
+            events.append(item)
+            if len(events) > EVENTS_KEPT:
+                for old in events[:len(events) - EVENTS_KEPT]:
+                    self.received.pop(old.get("seq"), None)  # type: ignore[arg-type]
+                del events[:len(events) - EVENTS_KEPT]
         if kind == rendezvous.EV_ROUND and isinstance(r, int):
             self.round, self.phase = r, rendezvous.JOINING
         elif kind == rendezvous.EV_STARTED:
@@ -151,6 +172,10 @@ class Observer:
 
     def _welcome(self, message: Mapping[str, Any]) -> None:
         """Starts over from the coordinator's own account: its state now and its history."""
+        run_id = message.get("run_id")
+        if self.run_id is not None and run_id != self.run_id:
+            raise ConnectionError(f"the coordinator at {self.address}:{self.port} is another run's "
+                                  f"({str(run_id)[:64]!r}, not this job's {self.run_id!r}); not listened to")
         now = time.time()
         self.events, self.final = {}, None
         for event in message.get("history") or []:
@@ -161,8 +186,14 @@ class Observer:
         self.phase = phase if isinstance(phase, str) else self.phase
         seq = message.get("seq")
         self.seq = seq if isinstance(seq, int) else 0
+        kept = {e.get("seq") for events in self.events.values() for e in events}
+        self.received = {k: v for k, v in self.received.items() if k in kept}
         self.connected, self.error = True, None
         self._view = None
+        if self.warned is not None:
+            logger.warning("SPMDJob %s: the observer reaches the coordinator at %s:%s (%s) again", self.job,
+                           self.address, self.port, self.pod_name)
+            self.warned = None
 
     # --- the connection --------------------------------------------------------------------------
 
@@ -189,7 +220,15 @@ class Observer:
             tries += 1
             if self.final is not None:
                 return  # the verdict is in: the agents are ending, nothing more will come
-            logger.debug("observer %s:%s (%s): %s; again in %ss", self.address, self.port, self.pod_name, self.error, wait)
+            kind = (self.error or "").split(":", 1)[0]
+            if kind != self.warned and tries >= 2:  # the first try of a starting pod often finds no one yet
+                self.warned = kind
+                logger.warning("SPMDJob %s: the observer cannot reach the coordinator at %s:%s (%s): %s; "
+                               "trying again every %ss at most", self.job, self.address, self.port,
+                               self.pod_name, self.error, RECONNECT_MAX_SECONDS)
+            else:
+                logger.debug("observer %s:%s (%s): %s; again in %ss", self.address, self.port, self.pod_name,
+                             self.error, wait)
             await asyncio.sleep(wait)
 
     async def _session(self) -> None:
@@ -200,7 +239,7 @@ class Observer:
             if sock is not None:
                 _keepalive(sock)
             writer.write(rendezvous.encode({"type": rendezvous.HELLO, "role": rendezvous.ROLE_OBSERVER,
-                                            "versions": list(rendezvous.VERSIONS)}))
+                                            "versions": list(rendezvous.VERSIONS), "token": self.token}))
             await writer.drain()
             first = await asyncio.wait_for(reader.readline(), CONNECT_TIMEOUT)
             welcome = _decode(first)

@@ -25,10 +25,10 @@ PROGRAMS = "tests.programs"
 class Events:
     """An observer of a coordinator: every message, in order, and a way to wait for one."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, token: str = "") -> None:
         self.messages: list[dict] = []
         self.cond = threading.Condition()
-        self.observer = agent.Observer("127.0.0.1", port, self._on, retry_until=time.monotonic() + 60)
+        self.observer = agent.Observer("127.0.0.1", port, self._on, retry_until=time.monotonic() + 60, token=token)
         self.observer.start()
 
     def _on(self, message: dict) -> None:
@@ -72,7 +72,10 @@ class Gang:
         self.agent_port = free_port()
         while self.agent_port == self.master_port:
             self.agent_port = free_port()
-        self.extra = {"MONARCH_SPMD_STOP_GRACE": "3", "MONARCH_SPMD_BACKOFF_SECONDS": "0", **extra}
+        # Every pod of an attempt carries its agent token, as the operator builds them.
+        self.token = rendezvous.new_token()
+        self.extra = {"MONARCH_SPMD_STOP_GRACE": "3", "MONARCH_SPMD_BACKOFF_SECONDS": "0",
+                      "MONARCH_SPMD_AGENT_TOKEN": self.token, **extra}
         sizes = [int(d.split("=")[1]) for d in mesh.split(",")]
         self.pods = sizes[0] if layout == "PerHost" or len(sizes) == 1 else sizes[0] * sizes[1]
         self.workers: dict[int, object] = {}
@@ -107,7 +110,7 @@ def test_a_failed_rank_restarts_the_gang_in_place_and_training_resumes_over_gloo
     gang = Gang(spawn, "hosts=2,gpus=2", ["-m", f"{PROGRAMS}.resume_training", "--checkpoint-dir", str(tmp_path),
                                          "--steps", "4", "--fail-rank", "3", "--fail-step", "2"],
                 layout="PerHost", MONARCH_SPMD_MAX_RESTARTS="2").start_all()
-    events = Events(gang.agent_port)
+    events = Events(gang.agent_port, gang.token)
     try:
         codes = [w.finish(180) for w in gang.workers.values()]
         text = "".join(w.text for w in gang.workers.values())
@@ -155,7 +158,7 @@ def test_a_lost_worker_is_replaced_alone_and_the_others_wait_for_it(spawn, tmp_p
     gang = Gang(spawn, "hosts=3", ["-m", f"{PROGRAMS}.resume_training", "--checkpoint-dir", str(tmp_path),
                                    "--steps", "40", "--step-seconds", "0.25"],
                 MONARCH_SPMD_MAX_RESTARTS="2").start_all()
-    events = Events(gang.agent_port)
+    events = Events(gang.agent_port, gang.token)
     try:
         events.wait(rendezvous.EV_ALL_RUNNING, round=0)
         first = {i: w.proc.pid for i, w in gang.workers.items()}
@@ -216,7 +219,7 @@ def _running(pid: int) -> bool:
 def test_a_round_that_never_closes_falls_back_to_recreating_the_gang(spawn, tmp_path):
     gang = Gang(spawn, "hosts=2", ["-m", f"{PROGRAMS}.fail_once", "--rank", "9", "--sleep", "600", "--no-rendezvous"],
                 MONARCH_SPMD_MAX_RESTARTS="3", MONARCH_SPMD_JOIN_TIMEOUT="3").start_all()
-    events = Events(gang.agent_port)
+    events = Events(gang.agent_port, gang.token)
     try:
         events.wait(rendezvous.EV_ALL_RUNNING)
         os.kill(gang.workers[1].proc.pid, signal.SIGKILL)  # lost, and nobody replaces it
@@ -232,7 +235,7 @@ def test_a_round_that_never_closes_falls_back_to_recreating_the_gang(spawn, tmp_
 def test_the_same_pod_failing_in_place_again_and_again_recreates_the_gang(spawn):
     gang = Gang(spawn, "hosts=2", ["-m", f"{PROGRAMS}.fail_once", "--rank", "1", "--always", "--no-rendezvous"],
                 MONARCH_SPMD_MAX_RESTARTS="10", MONARCH_SPMD_MEMBER_FAILURE_LIMIT="2").start_all()
-    events = Events(gang.agent_port)
+    events = Events(gang.agent_port, gang.token)
     try:
         assert [w.finish(120) for w in gang.workers.values()] == [75, 75]
         failed = events.wait(rendezvous.EV_FAILED)
@@ -246,7 +249,7 @@ def test_the_watchdog_kills_a_hung_rank_and_the_gang_restarts(spawn):
     gang = Gang(spawn, "nodes=1,procs=2", ["-m", f"{PROGRAMS}.watchdog_hang", "--timeout", "2", "--hang-rank", "1"],
                 layout="PerHost", MONARCH_SPMD_MAX_RESTARTS="1", TORCHELASTIC_ENABLE_FILE_TIMER="1")
     gang.start_all()
-    events = Events(gang.agent_port)
+    events = Events(gang.agent_port, gang.token)
     try:
         assert gang.workers[0].finish(120) == 0, gang.workers[0].text
         failure = events.wait(rendezvous.EV_FAILURE)
@@ -263,7 +266,7 @@ def test_the_watchdog_kills_a_hung_rank_and_the_gang_restarts(spawn):
 def test_a_rank_without_output_for_the_progress_timeout_fails_the_round(spawn):
     gang = Gang(spawn, "hosts=2", ["-m", f"{PROGRAMS}.hang", "--rank", "1", "--seconds", "4"],
                 MONARCH_SPMD_MAX_RESTARTS="1", MONARCH_SPMD_PROGRESS_TIMEOUT="2").start_all()
-    events = Events(gang.agent_port)
+    events = Events(gang.agent_port, gang.token)
     try:
         assert [w.finish(120) for w in gang.workers.values()] == [0, 0]
         failure = events.wait(rendezvous.EV_FAILURE)
@@ -279,22 +282,25 @@ def test_a_rank_without_output_for_the_progress_timeout_fails_the_round(spawn):
 def test_the_observer_protocol_welcome_history_and_refusals(spawn, tmp_path):
     gang = Gang(spawn, "hosts=2", ["-m", f"{PROGRAMS}.fail_once", "--rank", "1", "--sleep", "5"],
                 MONARCH_SPMD_MAX_RESTARTS="1").start_all()
-    first = Events(gang.agent_port)
+    first = Events(gang.agent_port, gang.token)
     try:
         first.wait(rendezvous.EV_ALL_RUNNING, round=1)
-        late = Events(gang.agent_port)  # an operator that (re)connects after the restart
+        late = Events(gang.agent_port, gang.token)  # an operator that (re)connects after the restart
         welcome = late.wait(rendezvous.WELCOME)
         assert (welcome["v"], welcome["members"], welcome["world_size"], welcome["round"], welcome["first_round"]) == (1, 2, 2, 1, 0)
         kinds = [e["type"] for e in welcome["history"]]
         assert kinds[:4] == ["round", "started", "all_running", "failure"] and "restart" in kinds
         assert [e["seq"] for e in welcome["history"]] == sorted(e["seq"] for e in welcome["history"])
         late.close()
-        for hello, reason in ((b'{"type":"hello","role":"observer","versions":[9]}\n', "versions [9]"),
-                              (b'{"type":"join","round":0}\n', "the first message must be hello"),
-                              (b'{"type":"hello","role":"member","member":7,"versions":[1]}\n', "member id in 0..1"),
+        token = gang.token
+        for hello, reason in (({"type": "hello", "role": "observer", "versions": [9], "token": token}, "versions [9]"),
+                              ({"type": "join", "round": 0}, "the first message must be hello"),
+                              ({"type": "hello", "role": "member", "member": 0, "versions": [1]}, "wrong token"),
+                              ({"type": "hello", "role": "member", "member": 7, "versions": [1], "token": token},
+                               "hello.member: '7' is not valid; expected an integer 0..1"),
                               (b"garbage\n", "not JSON")):
             with socket.create_connection(("127.0.0.1", gang.agent_port), timeout=10) as s:
-                s.sendall(hello)
+                s.sendall(hello if isinstance(hello, bytes) else rendezvous.encode(hello))
                 answer = json.loads(s.makefile().readline())
             assert answer["type"] == "refused" and reason in answer["reason"] and answer["versions"] == [1]
         assert [w.finish(120) for w in gang.workers.values()] == [0, 0]
@@ -310,3 +316,52 @@ def test_without_a_coordinator_the_first_failure_ends_the_worker_as_before(spawn
     proc = spawn(worker_cmd("-m", f"{PROGRAMS}.fail_once", "--rank", "1", "--no-rendezvous"), env=env)
     assert proc.finish(60) == 3
     assert "restart 1" not in proc.text
+
+
+def _stranger_says(port: int, *lines: bytes, read: bool = True) -> dict | None:
+    """What a stranger (any process that can reach the port, no token) gets for ``lines``."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"".join(lines))
+        if not read:
+            return None
+        line = s.makefile("rb").readline()
+        return json.loads(line) if line else None
+
+
+def test_a_stranger_without_the_token_can_neither_read_nor_drive_a_running_gang(spawn):
+    """Every move that drove a gang from another namespace before tokens, against real workers over
+    gloo: the gang trains on, restarts nothing, and the stranger reads not one line of output."""
+    gang = Gang(spawn, "hosts=2", ["-m", f"{PROGRAMS}.train_steps", "--steps", "30", "--step-seconds", "0.2"],
+                MONARCH_SPMD_MAX_RESTARTS="0").start_all()
+    events = Events(gang.agent_port, gang.token)
+    try:
+        events.wait(rendezvous.EV_ALL_RUNNING, round=0)
+        silent = socket.create_connection(("127.0.0.1", gang.agent_port), timeout=30)
+        said = []
+        for lines in (
+            [b'{"type":"hello","role":"observer","versions":[1]}\n'],
+            [b'{"type":"hello","role":"member","member":1,"versions":[1],"incarnation":"evil"}\n',
+             b'{"type":"failure","round":0,"rank":1,"exit_code":64,"message":"injected by a stranger"}\n'],
+            [b'{"type":"hello","role":"member","member":0,"versions":[1],"disruptions":"lots"}\n'],
+            [b'{"type":"hello","role":"member","member":1,"versions":[1],"disruptions":1000000000,"token":"guess"}\n'],
+            [b'{"type":"hello","role":"observer","versions":[1],"token":"' + b"A" * 43 + b'"}\n'],
+            [b"\x00\xff" * 40000 + b"\n"],
+        ):
+            said.append(_stranger_says(gang.agent_port, *lines))
+        for answer in said:
+            assert answer is not None and answer["type"] == "refused", said
+            assert "history" not in answer and "train_steps" not in json.dumps(answer)
+        silent.settimeout(rendezvous.HELLO_TIMEOUT + 10)
+        assert silent.recv(100) == b"", "a connection that never says hello is closed"
+        silent.close()
+        codes = [w.finish(180) for w in gang.workers.values()]
+        text = "".join(w.text for w in gang.workers.values())
+        assert codes == [0, 0], text
+        assert "train_steps rank 1 done restart 0" in text
+        done = events.wait(rendezvous.EV_SUCCEEDED)
+        assert not events.of(rendezvous.EV_RESTART) and not events.of(rendezvous.EV_FAILURE), events.messages
+        lost = [e for e in events.of(rendezvous.EV_LOST) if e["seq"] < done["seq"]]
+        assert not lost, f"no member was superseded or lost while the gang ran: {lost}"
+        assert "evil" not in json.dumps(events.messages)
+    finally:
+        events.close()

@@ -14,21 +14,26 @@ import pytest
 
 from monarch_spmd.payload import agent, rendezvous
 from monarch_spmd.spec import parse_job_spec
-from spmd_operator import builders, controller, kube, names, observer
+from spmd_operator import builders, controller, kube, lifecycle, names, observer
 
 from .lifecycle.helpers import BASE, JOB, cond
 from .test_controller import FILES, FakeApi, job_body, make, sync_informers
 
 
+#: The agent token of the stand-in gang's attempt (its pods carry it, its coordinator asks for it).
+TOKEN = "t0k3n-of-the-attempt-0123456789abcdefghijk"
+
+
 class Coordinator:
     """A coordinator as rank 0's agent runs it, its members driven by hand (no member sockets)."""
 
-    def __init__(self, members: int = 2, max_restarts: int = 3, first_round: int = 0) -> None:
+    def __init__(self, members: int = 2, max_restarts: int = 3, first_round: int = 0, run_id: str = JOB.uid,
+                 token: str = TOKEN) -> None:
         sock = socket.create_server(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         machine = rendezvous.Coordinator(members, first_round, rendezvous.Policy(max_restarts=max_restarts, backoff=0.0),
-                                         time.monotonic(), world_size=members, run_id="run", wall=time.time)
-        self.server = agent.CoordinatorServer(sock, machine)
+                                         time.monotonic(), world_size=members, run_id=run_id, wall=time.time)
+        self.server = agent.CoordinatorServer(sock, machine, token)
         self.server.start()
         self.members = members
 
@@ -76,7 +81,7 @@ def test_the_observer_hears_the_history_then_every_event_and_wakes_the_loop():
 
     async def scenario():
         woken = asyncio.Event()
-        o = observer.Observer(("pod-0", "uid-0"), "127.0.0.1", gang.port, woken.set)
+        o = observer.Observer(("pod-0", "uid-0"), "127.0.0.1", gang.port, woken.set, token=TOKEN)
         o.start()
         await until(lambda: o.view().connected, what="welcome")
         v = o.view()
@@ -107,7 +112,7 @@ def test_a_lost_connection_is_opened_again_and_welcome_brings_back_what_was_miss
     gang.start_round(0)
 
     async def scenario():
-        o = observer.Observer(("pod-0", "uid-0"), "127.0.0.1", gang.port, lambda: None)
+        o = observer.Observer(("pod-0", "uid-0"), "127.0.0.1", gang.port, lambda: None, token=TOKEN)
         o.start()
         await until(lambda: o.view().connected, what="welcome")
         first_received = None
@@ -213,6 +218,77 @@ def test_the_same_failure_again_does_not_wake_the_jobs_loop(monkeypatch):
     assert len(wakes) == 1, f"{len(tries)} refusals woke the loop {len(wakes)} times"
 
 
+def test_a_coordinator_of_another_run_is_not_listened_to_and_trouble_is_a_warning_naming_the_job(monkeypatch, caplog):
+    """A reused pod IP (another job's rank 0 now lives there) answers with another run id: its
+    events never reach this job; what keeps the observer out is logged at WARNING, once."""
+    monkeypatch.setattr(observer, "RECONNECT_SECONDS", (0.02,))
+    other = Coordinator(run_id="uid-of-another-job")
+    other.start_round(0)
+    other.fail(0, member=1)
+    tries = []
+    connect = asyncio.open_connection
+
+    async def counted(*args, **kwargs):
+        tries.append(1)
+        return await connect(*args, **kwargs)
+
+    monkeypatch.setattr(observer.asyncio, "open_connection", counted)
+
+    async def scenario():
+        o = observer.Observer(("pod-0", "uid-0"), "127.0.0.1", other.port, lambda: None, token=TOKEN,
+                              run_id=JOB.uid, job="ns/hello")
+        o.start()
+        await until(lambda: o.error and "another run's" in o.error, what="the run id refused")
+        await until(lambda: len(tries) >= 6, what="more tries")
+        v = o.view()
+        o.stop()
+        return v
+
+    with caplog.at_level("WARNING", logger="spmd_operator.observer"):
+        v = asyncio.run(scenario())
+    other.stop()
+    assert not v.heard and v.restarts == () and not v.connected, "nothing of the other job's gang was taken"
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "SPMDJob ns/hello" in warnings[0] and "uid-of-another-job" in warnings[0], warnings
+
+
+def test_a_wrong_token_is_refused_and_said_at_warning(monkeypatch, caplog):
+    monkeypatch.setattr(observer, "RECONNECT_SECONDS", (0.02,))
+    gang = Coordinator()
+
+    async def scenario():
+        o = observer.Observer(("pod-0", "uid-0"), "127.0.0.1", gang.port, lambda: None, token="not-" + TOKEN,
+                              run_id=JOB.uid, job="ns/hello")
+        o.start()
+        await until(lambda: o.error and "wrong token" in o.error, what="the refusal")
+        await until(lambda: any(r.levelname == "WARNING" for r in caplog.records), what="the warning")
+        o.stop()
+
+    with caplog.at_level("WARNING", logger="spmd_operator.observer"):
+        asyncio.run(scenario())
+    gang.stop()
+
+
+def test_an_observers_memory_is_bounded_over_a_month_of_events():
+    """A synthetic month of a gang that restarts in place now and then: a progress event every 5 s
+    (518,400) and 2,000 restarts; what the observer keeps stays within its bounds."""
+    o = observer.Observer(("pod-0", "uid-0"), "127.0.0.1", 1, lambda: None, run_id=JOB.uid)
+    o._welcome({"type": "welcome", "run_id": JOB.uid, "round": 0, "phase": "running", "seq": 0, "history": []})
+    seq, r = 0, 0
+    for i in range(518_400):
+        seq += 1
+        if i % 259 == 0:
+            r += 1
+            for kind in ("restart", "round", "started", "all_running"):
+                o._apply({"type": kind, "seq": seq, "round": r, "next_round": r}, float(i))
+                seq += 1
+        o._apply({"type": "progress", "seq": seq, "round": r, "seconds_since_progress": 1.0, "line": "step"}, float(i))
+    assert r == 2002
+    assert all(len(events) <= observer.EVENTS_KEPT for events in o.events.values())
+    assert len(o.received) <= observer.EVENTS_KEPT * len(o.events)
+    assert o.view().restarts[-1]["next_round"] == r and o.view().round_started(r), "the newest are kept"
+
+
 # --- the controller --------------------------------------------------------------------------------
 
 
@@ -220,7 +296,7 @@ def rank_zero_pods(api, gang_port: int, *, phase: str = "Running") -> None:
     """The gang's two pods in the stand-in API, running, rank 0's agent at 127.0.0.1:gang_port."""
     s = parse_job_spec(BASE, require_image=True)
     for r in range(4):
-        pod = builders.build_pod(JOB, s, r, 0)
+        pod = builders.build_pod(JOB, s, r, 0, token=TOKEN)
         pod["metadata"]["uid"] = f"pod-uid-{r}"
         for c in pod["spec"]["containers"]:
             for port in c.get("ports") or []:
@@ -312,6 +388,7 @@ def test_a_lost_pod_is_created_again_alone_with_the_gangs_master_and_the_open_ro
         env = {e["name"]: e.get("value") for e in body["spec"]["containers"][0]["env"]}
         assert env["MONARCH_SPMD_MASTER_ADDR"] == names.master_addr(JOB, 0)
         assert env["MONARCH_SPMD_RESTART_COUNT"] == "1"
+        assert env["MONARCH_SPMD_AGENT_TOKEN"] == TOKEN, "the replacement proves it belongs to the attempt"
         assert body["metadata"]["labels"][names.LABEL_REPLACEMENT] == "1"
         await until(lambda: api.job["status"].get("restarts") == 1, what="the restart recorded")
         assert api.job["status"]["failure"]["pod"] == lost
@@ -357,3 +434,23 @@ def test_no_observer_for_a_job_that_is_not_active(phase):
     sync_informers(c, api)
     asyncio.run(c.reconcile_once(loop))
     assert loop.observer is None
+
+
+def test_each_attempt_gets_a_token_of_its_own_and_a_resumed_attempt_keeps_the_one_its_pods_carry():
+    api = FakeApi(running_job())
+    c, loop = make(api)
+    spec = parse_job_spec(BASE, require_image=True)
+    first = c._attempt_token(loop, spec, 0, [])
+    assert first and c._attempt_token(loop, spec, 0, []) == first, "one token for every pod of the attempt"
+    second = c._attempt_token(loop, spec, 1, [])
+    assert second != first and 0 not in loop.tokens, "a new attempt: a new token; the old one is forgotten"
+    # Another operator process (after a restart or failover) that finds pods of the attempt takes
+    # their token, so the pods it still creates join the same coordinator.
+    other, loop2 = make(FakeApi(running_job()))
+    pod = builders.build_pod(JOB, spec, 0, 1, token=second)
+    info = lifecycle.pod_info(pod)
+    assert info.agent_token == second and second not in repr(info)
+    assert other._attempt_token(loop2, spec, 1, [info]) == second
+    recreate = parse_job_spec({**BASE, "restartPolicy": {"mode": "RecreatePods"}}, require_image=True)
+    assert c._attempt_token(loop, recreate, 2, []) is None
+    assert "MONARCH_SPMD_AGENT_TOKEN" not in json.dumps(builders.build_pod(JOB, recreate, 0, 0, token="x" * 43))

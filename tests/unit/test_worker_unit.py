@@ -54,6 +54,18 @@ def test_every_input_is_read():
     assert inputs.rendezvous_timeout == 2.5 and inputs.local_rank_scope == "pod"
 
 
+def test_the_agent_token_is_read_checked_and_never_reaches_the_ranks():
+    token = "A" * 20 + "-_" + "z" * 21
+    inputs = read_inputs({**GOOD, worker.AGENT_TOKEN_VAR: token, worker.AGENT_PORT_VAR: "29400"})
+    assert inputs.agent_token == token and token not in repr(inputs)
+    assert worker.agent_settings(inputs, {}).token == token
+    assert worker.AGENT_TOKEN_VAR not in worker.program_env({**GOOD, worker.AGENT_TOKEN_VAR: token, "HOME": "/"})
+    assert read_inputs(GOOD).agent_token is None
+    for bad in ("short", "has space in it 0123456789", "x" * 257, "quote'0123456789abcdef"):
+        with pytest.raises(worker.WorkerInputError, match="MONARCH_SPMD_AGENT_TOKEN: not valid; expected 16..256"):
+            read_inputs({**GOOD, worker.AGENT_TOKEN_VAR: bad})
+
+
 def test_input_names_are_the_documented_ones():
     assert worker.INPUT_VARS == (
         "MONARCH_SPMD_MESH",
@@ -71,6 +83,7 @@ def test_input_names_are_the_documented_ones():
         "MONARCH_SPMD_MONARCH_PORT",
         "MONARCH_SPMD_AGENT_PORT",
         "MONARCH_SPMD_AGENT_ADDR",
+        "MONARCH_SPMD_AGENT_TOKEN",
         "MONARCH_SPMD_DISRUPTIONS",
         "MONARCH_SPMD_PERMANENT_EXIT_CODES",
         "MONARCH_SPMD_RETRYABLE_EXIT_CODES",

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from monarch_spmd.payload.names import RESTART_COUNT_VAR
+from monarch_spmd.payload.names import AGENT_TOKEN_VAR, RESTART_COUNT_VAR
 from monarch_spmd.spec import JobSpec, SpecError
 
 from .. import names
@@ -98,6 +99,10 @@ class PodInfo:
             lost one of the same index (label ``spmd.monarch.dev/replacement``).
         joins: for a replacement, the round its processes first join (its trainer's
             MONARCH_SPMD_RESTART_COUNT); None for a pod of the gang.
+        agent_token: its attempt's proof of membership (the trainer's MONARCH_SPMD_AGENT_TOKEN):
+            the observer's hello carries it, a replacement gets it; None when it has none.
+        run_id: the trainer's MONARCH_SPMD_RUN_ID (the job's uid), which the coordinator's
+            welcome must name.
     """
 
     name: str
@@ -119,6 +124,7 @@ class PodInfo:
     agent_port: int | None = None
     replacement: int = 0
     joins: int | None = None
+    agent_token: str | None = field(default=None, repr=False)
 
     @property
     def finished(self) -> bool:
@@ -192,6 +198,7 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo | None:
         agent_port=_agent_port(body.get("spec") or {}),
         replacement=max(0, replacement),
         joins=_joins(body.get("spec") or {}) if replacement > 0 else None,
+        agent_token=_env_value(body.get("spec") or {}, AGENT_TOKEN_VAR) if replacement == 0 else None,
     )
 
 
@@ -200,6 +207,14 @@ def _trainer(spec: Mapping[str, Any]) -> Mapping[str, Any]:
         if c.get("name") == names.CONTAINER_NAME:
             return c
     return {}
+
+
+def _env_value(spec: Mapping[str, Any], name: str) -> str | None:
+    """The literal value of the trainer's env variable ``name``, if it sets one."""
+    for e in _trainer(spec).get("env") or []:
+        if e.get("name") == name and isinstance(e.get("value"), str):
+            return sys.intern(str(e["value"]))  # one copy per attempt, however many pods
+    return None
 
 
 def _joins(spec: Mapping[str, Any]) -> int | None:
