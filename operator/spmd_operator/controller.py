@@ -1021,12 +1021,25 @@ class Controller:
             return
         if self.jobs.get(loop.key) is not loop:
             raise JobGone("its loop was replaced (the job deleted, or a namesake created)")
+        url = kube.job_url(job.namespace, job.name, "status")
         try:
-            patched = await self.api.patch(kube.job_url(job.namespace, job.name, "status"), {"status": plan.status},
-                                           owner=loop.key)
+            # A JSON Patch whose first operation tests metadata.uid: the API server applies it
+            # only to the job it was computed for, so a stale loop never writes the status of a
+            # job created again under the same name, even one created while this patch waited
+            # for its turn at the write limiter. (A merge patch cannot say that: the status
+            # subresource ignores metadata, uid included.) The status it sets is the merge
+            # patch's result on the status this pass read, which this operator alone writes.
+            patched = await self.api.json_patch(url, [
+                {"op": "test", "path": "/metadata/uid", "value": job.uid},
+                {"op": "add", "path": "/status", "value": kube.merge_patched(o.status, plan.status)},
+            ], owner=loop.key)
         except kube.KubeError as e:
             if e.status == 404:
                 raise JobGone("it no longer exists on the server") from e
+            if e.status == 422:
+                now = await self.api.get(kube.job_url(job.namespace, job.name), metadata=True)
+                if now is None or (now.get("metadata") or {}).get("uid") != job.uid:
+                    raise JobGone("a namesake replaced it (its status patch's uid test failed)") from e
             raise
         if (patched.get("metadata") or {}).get("uid") not in (None, job.uid):
             # The status went to a namesake created since (a merge patch by name has no uid

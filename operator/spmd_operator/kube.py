@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import copy
 import dataclasses
 import datetime as dt
 import itertools
@@ -64,6 +65,7 @@ SHARED_DEPTH: Final = 8
 #: Seconds a job counts as writing a few at a time after its last write ended (FairLimiter).
 ACTIVE_GRACE: Final = 0.5
 MERGE_PATCH: Final = "application/merge-patch+json"
+JSON_PATCH: Final = "application/json-patch+json"
 #: What to ask for when only an object's metadata is wanted: the API server answers with a
 #: PartialObjectMetadata (a ConfigMap's 160 KB payload is neither sent nor decoded).
 METADATA: Final = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
@@ -576,6 +578,14 @@ class Kube:
             result = await self.request("PATCH", path, body=dict(patch), content_type=MERGE_PATCH, fenced=True)
         return result if isinstance(result, dict) else {}
 
+    async def json_patch(self, path: str, ops: list[Mapping[str, Any]], *, owner: Owner = None) -> dict[str, Any]:
+        """Applies a JSON Patch (RFC 6902) to the object at ``path``; returns the object as patched.
+        A ``test`` operation makes it conditional: the server refuses the whole patch (422) when
+        the test fails."""
+        async with self.slot(owner):
+            result = await self.request("PATCH", path, body=list(ops), content_type=JSON_PATCH, fenced=True)
+        return result if isinstance(result, dict) else {}
+
     async def replace(self, path: str, body: Mapping[str, Any], *, owner: Owner = None) -> dict[str, Any]:
         """PUTs the whole object (its metadata.resourceVersion makes it conditional: 409 if stale)."""
         async with self.slot(owner):
@@ -634,3 +644,17 @@ class Kube:
                     if line.strip():
                         event = json.loads(line)
                         yield str(event.get("type")), event.get("object") or {}
+
+
+def merge_patched(target: Any, patch: Any) -> Any:
+    """What a JSON merge patch (RFC 7386) makes of ``target``: objects merged key by key, ``None``
+    removing a key, anything else replacing the value."""
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patched(out.get(key), value)
+    return out

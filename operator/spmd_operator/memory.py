@@ -116,6 +116,10 @@ class RecyclePolicy:
                 "the peak left")
 
 
+#: The exit code when starting afresh failed (EX_OSERR).
+EXEC_FAILED_EXIT = 71
+
+
 def recycle() -> None:
     """Replaces this process with a new run of the same command line (never returns).
 
@@ -128,4 +132,13 @@ def recycle() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.environ[RECYCLES_ENV] = str(recycles() + 1)
-    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+    try:
+        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+    except OSError as e:
+        # The loops are stopped already: a leader that went on holding its Lease would run no job.
+        # Ending the process gives the Lease up (a standby, or the kubelet's restart, takes over).
+        logging.getLogger(__name__).critical("could not start afresh (%s %s): %s; exiting so that another "
+                                             "replica or a restart takes over", sys.executable, sys.orig_argv[1:], e)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(EXEC_FAILED_EXIT)

@@ -91,6 +91,21 @@ class FakeApi:
         await asyncio.Event().wait()
         yield "BOOKMARK", {}
 
+    async def json_patch(self, path, ops, *, owner=None):
+        """The operator's status patch: a test of metadata.uid, then the whole status (as the API
+        server applies a JSON Patch: all or nothing)."""
+        self.calls.append(("patch", path, None))
+        self._maybe_fail("patch", path.rsplit("/", 1)[-1])
+        assert path.endswith(f"/spmdjobs/{JOB.name}/status"), path
+        for op in ops:
+            if op["op"] == "test" and op["path"] == "/metadata/uid" and op["value"] != self.job["metadata"].get("uid"):
+                raise kube.KubeError(422, "the server rejected our request due to an error in our request",
+                                     reason="Invalid")
+        for op in ops:
+            if op["op"] == "add" and op["path"] == "/status":
+                self.job["status"] = copy.deepcopy(op["value"])
+        return json.loads(json.dumps(self.job))
+
     async def patch(self, path, patch, *, owner=None):
         self.calls.append(("patch", path, None))
         self._maybe_fail("patch", path.rsplit("/", 1)[-1])
@@ -198,6 +213,9 @@ class SlowApi(FakeApi):
 
     async def patch(self, path, patch, *, owner=None):
         return await self._slowly("patch", path, lambda: FakeApi.patch(self, path, patch, owner=owner))
+
+    async def json_patch(self, path, ops, *, owner=None):
+        return await self._slowly("patch", path, lambda: FakeApi.json_patch(self, path, ops, owner=owner))
 
 
 def test_first_pass_writes_events_then_status_while_configmap_and_service_go_then_pods():
@@ -1286,11 +1304,15 @@ def test_a_forgotten_loop_whose_cancellation_was_lost_runs_no_pass():
     assert [call for call in api.calls if call[0] == "patch"] == []
 
 
-def test_a_status_patch_that_reached_a_namesake_is_not_taken_as_the_jobs_body():
-    """A merge patch by name has no uid precondition: the answer shows whose object it reached."""
+def test_a_status_patch_never_reaches_a_namesake():
+    """The patch carries the uid it was computed for: the server refuses it for a namesake (a uid
+    cannot change), so the namesake's status is untouched and the stale loop stops."""
     api = FakeApi(job_body())
     c, loop = make(api)
     api.job["metadata"]["uid"] = "a-namesake"  # deleted and created again since the loop read it
-    with pytest.raises(controller.JobGone):
+    with pytest.raises(controller.JobGone, match="namesake"):
         run_pass(c, loop)
     assert loop.uid == JOB.uid and loop.written is None
+    assert not api.job.get("status"), "the namesake's status is not written"
+    patches = [call for call in api.calls if call[0] == "patch"]
+    assert len(patches) == 1

@@ -88,6 +88,18 @@ def test_recycle_runs_the_same_command_line_again_in_the_same_process():
                                                             ["2", "--namespace a b"]]
 
 
+def test_a_failed_start_afresh_ends_the_process_instead_of_leading_with_its_loops_stopped():
+    """The interpreter gone (an upgrade of the image's Python under a running process, a full
+    disk): the exec fails and the process exits, so its Lease lapses and another replica leads."""
+    code = ("import logging, sys; logging.basicConfig(); from spmd_operator import memory; "
+            "sys.executable = '/nonexistent/python3'; memory.recycle(); print('still here', flush=True)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO)])}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == memory.EXEC_FAILED_EXIT, (done.returncode, done.stderr)
+    assert "still here" not in done.stdout
+    assert "could not start afresh" in done.stderr and "/nonexistent/python3" in done.stderr
+
+
 @pytest.mark.parametrize("value, expected", [("", 0), ("3", 3), ("x", 0), ("-2", 0)])
 def test_recycles_counts_from_the_environment(monkeypatch, value, expected):
     monkeypatch.setenv(memory.RECYCLES_ENV, value)
