@@ -34,7 +34,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -568,6 +568,45 @@ def parent_death_hook(signum: int = signal.SIGKILL) -> Callable[[], None] | None
     return _parent_death_hook(signum)
 
 
+def children() -> set[int]:
+    """The pids of this process's children (of every thread), from /proc (Linux)."""
+    out: set[int] = set()
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/children", encoding="ascii") as f:
+                out.update(int(p) for p in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def reap_orphans(known: Collection[int]) -> int:
+    """Waits for every exited child that is not one of ``known`` (the agent's own processes,
+    which their Popen objects wait for); returns how many were reaped.
+
+    The worker is PID 1 of its container: every process a rank leaves behind (a DataLoader
+    worker, a ``multiprocessing`` child, a daemonized subprocess) becomes its child when its
+    parent exits, and stays a zombie, holding a pid of the pod's limit, until PID 1 waits for it.
+    A child still running is left alone (``WNOHANG``)."""
+    reaped = 0
+    for pid in children() - set(known):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            continue
+        if done:
+            reaped += 1
+    return reaped
+
+
+#: How often PID 1's agent looks for orphans to reap (seconds).
+REAP_EVERY: Final = 1.0
+
+
 def failure_line(rank: int, local: int | None, code: int, restart: int, outcome: str) -> str:
     """The last line of a failed agent's log and termination message, the same in every pod of
     the gang (docs/restart-in-place.md); the operator reads the rank and the restart from it."""
@@ -616,6 +655,10 @@ class Agent:
         self.exited_sent = False
         self.stop_asked = False
         self.oom_base: int | None = None
+        #: PID 1 of its container reaps the orphans that land on it (:func:`reap_orphans`).
+        self.reaper = os.getpid() == 1
+        self.reaped = 0
+        self.reaped_at = 0.0
 
     # --- output ----------------------------------------------------------------------------------
 
@@ -735,6 +778,7 @@ class Agent:
                 if self.received:
                     return 128 + self.received[0]
                 self._select(TICK)
+                self._reap()
             self._heartbeat()
             messages, link.inbox = link.inbox, []
             for message in messages:
@@ -815,10 +859,20 @@ class Agent:
                             "procs": [{"rank": p.member.rank, "local_rank": p.member.local_rank, "pid": p.pid}
                                       for p in self.group.procs]})
 
+    def _reap(self, now: float | None = None) -> None:
+        """PID 1's duty, at most every REAP_EVERY seconds: waits for orphans that exited."""
+        now = time.monotonic() if now is None else now
+        if not self.reaper or now - self.reaped_at < REAP_EVERY:
+            return
+        self.reaped_at = now
+        own = self.group.pids if self.group is not None and not self.group.finished else []
+        self.reaped += reap_orphans(own)
+
     def _step(self) -> bool:
         assert self.group is not None
         alive = self.group.step(TICK)
         now = time.monotonic()
+        self._reap(now)
         if self.watchdog is not None:
             self._check_timers()
         if self.s.progress_timeout > 0 and not self.group.stop_deadline:

@@ -184,6 +184,26 @@ def test_a_lost_worker_is_replaced_alone_and_the_others_wait_for_it(spawn, tmp_p
         events.close()
 
 
+def test_the_worker_as_pid_1_reaps_every_orphan_of_ten_restarts_in_place(spawn):
+    """The worker is its container's PID 1 (here: of a PID namespace of its own, as a container's
+    is). Ten restarts in place of a rank that leaves DataLoader workers, a multiprocessing child
+    and a subprocess behind each time: every one of them is reaped, no zombie is left."""
+    port = free_port()
+    env = worker_inputs("hosts=1", "0", MONARCH_SPMD_AGENT_PORT=str(port), MONARCH_SPMD_MAX_RESTARTS="10",
+                        MONARCH_SPMD_BACKOFF_SECONDS="0", MONARCH_SPMD_MEMBER_FAILURE_LIMIT="100",
+                        MONARCH_SPMD_STOP_GRACE="3", MONARCH_SPMD_AGENT_TOKEN=rendezvous.new_token())
+    proc = spawn(["unshare", "--pid", "--fork", "--mount-proc",
+                  *worker_cmd("-m", f"{PROGRAMS}.leave_orphans", "--restarts", "10")], env=env)
+    code = proc.finish(300)
+    text = proc.text
+    assert code == 0, text
+    left = re.findall(r"leave_orphans restart (\d+): left 4 pids", text)
+    assert [int(r) for r in left] == list(range(10)), text
+    final = re.search(r"leave_orphans restart 10: zombies (\d+) others (\[.*\])", text)
+    assert final is not None, text
+    assert (final.group(1), final.group(2)) == ("0", "[]"), f"left behind in the pod: {final.group(0)}"
+
+
 def test_losing_the_coordinator_stops_every_worker_with_75(spawn, tmp_path):
     gang = Gang(spawn, "hosts=3", ["-m", f"{PROGRAMS}.resume_training", "--checkpoint-dir", str(tmp_path),
                                    "--steps", "400", "--step-seconds", "0.25", "--grandchild"]).start_all()
