@@ -115,11 +115,11 @@ def _family(addr: str) -> socket.AddressFamily:
 
 
 def keepalive(sock: socket.socket) -> None:
-    """TCP keepalive on a protocol connection (see rendezvous.KEEPALIVE_*): a dead peer's node is
-    noticed in seconds by the kernel, whatever the CPU load of either side."""
+    """TCP keepalive and the user timeout on a protocol connection (rendezvous.TCP_OPTIONS): a
+    peer whose node is gone is noticed by the kernel within ~8 s, whatever the CPU load of either
+    side."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in (("TCP_KEEPIDLE", rendezvous.KEEPALIVE_IDLE), ("TCP_KEEPINTVL", rendezvous.KEEPALIVE_INTERVAL),
-                        ("TCP_KEEPCNT", rendezvous.KEEPALIVE_COUNT)):
+    for name, value in rendezvous.TCP_OPTIONS:
         option = getattr(socket, name, None)
         if option is not None:
             sock.setsockopt(socket.IPPROTO_TCP, option, value)

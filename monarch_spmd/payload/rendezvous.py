@@ -100,15 +100,26 @@ LOST_SUPERSEDED: Final = "Superseded"
 LOST_NOT_STOPPED: Final = "NotStopped"
 
 #: Seconds between heartbeats, each way; a peer silent for HEARTBEAT_TIMEOUT is lost (an agent
-#: alive but stuck). A peer whose node is gone is noticed sooner, by TCP keepalive: the kernel
-#: probes after KEEPALIVE_IDLE seconds of silence, every KEEPALIVE_INTERVAL, KEEPALIVE_COUNT times
-#: (~7 s), and answers probes for a process that is merely starved of CPU (a node starting a
-#: thousand interpreters), which application heartbeats cannot tell from a dead one.
+#: alive but stuck). A peer whose node is gone (frozen, partitioned, powered off) is noticed
+#: sooner by the kernel: within USER_TIMEOUT_MS of its last acknowledgement while heartbeats are
+#: in flight, or by keepalive (probes after KEEPALIVE_IDLE seconds of silence, every
+#: KEEPALIVE_INTERVAL, KEEPALIVE_COUNT times, ~7 s) on a quiet connection. The kernel answers
+#: for a process that is merely starved of CPU (a node starting a thousand interpreters), which
+#: application heartbeats cannot tell from a dead one.
 HEARTBEAT_INTERVAL: Final = 1.0
 HEARTBEAT_TIMEOUT: Final = 60.0
 KEEPALIVE_IDLE: Final = 2
 KEEPALIVE_INTERVAL: Final = 1
 KEEPALIVE_COUNT: Final = 5
+#: Keepalive probes are not sent while data waits to be acknowledged, and with heartbeats every
+#: second each way there always is some towards a peer whose node froze: TCP_USER_TIMEOUT closes
+#: a connection whose sent data stays unacknowledged this long (milliseconds). The peer's kernel
+#: acknowledges whatever its processes' CPU load, so a starved agent is never taken for a lost one.
+USER_TIMEOUT_MS: Final = 8000
+#: The TCP options every protocol connection gets (by their names in :mod:`socket`; the level is
+#: IPPROTO_TCP), with SO_KEEPALIVE on.
+TCP_OPTIONS: Final = (("TCP_KEEPIDLE", KEEPALIVE_IDLE), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+                      ("TCP_KEEPCNT", KEEPALIVE_COUNT), ("TCP_USER_TIMEOUT", USER_TIMEOUT_MS))
 #: Seconds between ``progress`` events while a round runs.
 PROGRESS_EVERY: Final = 5.0
 #: How many lines of a failed rank's output travel with its failure.

@@ -278,11 +278,11 @@ def _decode(line: bytes) -> dict[str, Any]:
 
 
 def _keepalive(sock: Any) -> None:
-    """TCP keepalive as the agents use it (rendezvous.KEEPALIVE_*): a lost node is noticed in ~7 s."""
+    """TCP keepalive and the user timeout as the agents use them (rendezvous.TCP_OPTIONS): a lost
+    node is noticed in ~8 s."""
     with contextlib.suppress(OSError, AttributeError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for name, value in (("TCP_KEEPIDLE", rendezvous.KEEPALIVE_IDLE), ("TCP_KEEPINTVL", rendezvous.KEEPALIVE_INTERVAL),
-                            ("TCP_KEEPCNT", rendezvous.KEEPALIVE_COUNT)):
+        for name, value in rendezvous.TCP_OPTIONS:
             option = getattr(socket, name, None)
             if option is not None:
                 sock.setsockopt(socket.IPPROTO_TCP, option, value)
