@@ -294,6 +294,19 @@ def _merge_env(ours: list[dict[str, Any]], user: list[Any]) -> list[dict[str, An
     return [e for e in ours if e["name"] not in user_names] + [copy.deepcopy(e) for e in user]
 
 
+def _keep_off(pod_spec: dict[str, Any], nodes: Collection[str]) -> None:
+    """Adds ``kubernetes.io/hostname NotIn nodes`` to every required node selector term (the
+    terms are ORed, their expressions ANDed), making one when the template has none."""
+    expression = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": sorted(nodes)}
+    required = (pod_spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+                .setdefault("requiredDuringSchedulingIgnoredDuringExecution", {}))
+    terms = required.setdefault("nodeSelectorTerms", [])
+    if not terms:
+        terms.append({})
+    for term in terms:
+        term.setdefault("matchExpressions", []).append(dict(expression, values=list(expression["values"])))
+
+
 def _colocate_term(job: JobRef, spec: JobSpec, index: int, restart: int) -> dict[str, Any]:
     first = spec.mesh[0].name
     coord = pod_coords(spec, index)[0]
@@ -344,7 +357,8 @@ def _serve_agent(trainer: dict[str, Any], port: int) -> None:
 
 def build_pod(job: JobRef, spec: JobSpec, index: int, restart: int, *, replacement: int = 0,
               restart_count: int | None = None, disruptions: int = 0,
-              payload: str | None = None, token: str | None = None) -> dict[str, Any]:
+              payload: str | None = None, token: str | None = None,
+              avoid_nodes: Collection[str] = ()) -> dict[str, Any]:
     """Pod ``index`` of gang attempt ``restart``, merged with the user's pod template.
 
     In the PerProc layout pod ``index`` runs rank ``index``; in PerHost it runs the procs of host
@@ -369,6 +383,8 @@ def build_pod(job: JobRef, spec: JobSpec, index: int, restart: int, *, replaceme
             None: the installed package's.
         token: the attempt's agent token (InPlace only; see :func:`pod_env`); None: none, and
             the coordinator accepts any connection (as pods of earlier versions do).
+        avoid_nodes: nodes the pod must not be scheduled on (a node lost under the previous
+            attempt): a required node affinity term, ANDed into each of the template's own.
 
     Raises:
         ValueError: for an index out of range or a spec without an image (parse the spec with
@@ -424,6 +440,8 @@ def build_pod(job: JobRef, spec: JobSpec, index: int, restart: int, *, replaceme
     _shared_memory(pod_spec, trainer, spec)
     pod_spec["restartPolicy"] = "Never"
 
+    if avoid_nodes:
+        _keep_off(pod_spec, avoid_nodes)
     if spec.colocate and spec.pod_layout != names.PER_HOST:  # a PerHost pod is its host already
         affinity = pod_spec.setdefault("affinity", {})
         preferred = affinity.setdefault("podAffinity", {}).setdefault(

@@ -1188,7 +1188,8 @@ class Controller:
             async with gate:
                 pod = builders.build_pod(job, spec, rank, plan.restart, replacement=replacement,
                                          restart_count=plan.replace_round if replacement else None,
-                                         disruptions=plan.disruptions, payload=self.payload_name, token=token)
+                                         disruptions=plan.disruptions, payload=self.payload_name, token=token,
+                                         avoid_nodes=plan.avoid_nodes)
                 builders.place_on_flavors(pod, flavors)
                 return await self.api.create(kube.pods_url(ns), pod, keep=False, owner=loop.key)
 

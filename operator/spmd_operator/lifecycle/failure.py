@@ -149,6 +149,9 @@ def failures(p: Pass) -> list[Failure]:
             out.append(Failure(rank, name, was.node if was else None, None,
                                REASON_POD_MISSING, "the pod disappeared while the job was running",
                                policy.is_permanent(spec, None, REASON_POD_MISSING), False, True, (2, "~", index)))
+    if p.in_place:
+        known = {f.pod for f in out}
+        out.extend(f for f in inplace.node_losses(p)[0] if f.pod not in known)
     if starts:
         p.new["startFailures"] = starts
     else:
@@ -167,6 +170,13 @@ def handle(p: Pass) -> bool:
     found = failures(p)
     if not found:
         return False
+    lost_wait = inplace.node_losses(p)[1]
+    if lost_wait > 0 and not any(f.permanent or f.reason in inplace.NODE_LOSS_REASONS for f in found):
+        # A pod whose agent fell silent may yet say why; if it does not, its node was lost and
+        # this failure is that loss's consequence (a disruption, not a restart counted).
+        p.requeue.append(lost_wait)
+        p.counts(p.current())
+        return True
     if p.in_place and inplace.replace_lost(p, found):
         return True
     if p.in_place and (wait := inplace.connecting(p, found)) > 0:
@@ -197,6 +207,10 @@ def handle(p: Pass) -> bool:
     if root.permanent:
         p.fail("PermanentFailure", f"{cause}; permanent, no restart", stop=stop)
         p.counts(p.current())
+    elif root.reason == inplace.REASON_NODE_LOST and p.in_place_round and not inplace.round_started(p):
+        # The restart in place for this loss was recorded (as a disruption) but its round cannot
+        # come together without the lost member: the new gang completes that restart.
+        gang.replace(p, p.restart, f"{cause}; a disruption, not counted against maxRestarts")
     elif inplace.unstarted_round(p):
         # Restart p.restart was recorded (and counted) in place, but its gang never came together.
         gang.replace(p, p.restart, f"{cause}; restart {p.restart} could not come together in place")

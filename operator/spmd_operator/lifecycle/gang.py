@@ -21,6 +21,7 @@ from __future__ import annotations
 from monarch_spmd import policy
 
 from .. import names
+from . import inplace
 from .model import (
     EVENT_NORMAL,
     EVENT_WARNING,
@@ -75,6 +76,19 @@ def _old_pods_block(p: Pass) -> bool:
     if not blocking or p.spec.pod_replacement_policy == REPLACE_AT_ONCE:
         return False
     since = parse_time((p.o.status.get("failure") or {}).get("time")) or p.now
+    lost = inplace.lost_node(p)
+    if lost is not None:
+        # The pods of a lost node answer nobody (their deletion waits for the node controller,
+        # minutes): once the stop grace has passed, in which their agent, if it runs at all, has
+        # stopped its processes (it fences itself when it loses its coordinator), they hold
+        # nothing up; the new attempt keeps off that node.
+        fence = policy.stop_grace(p.spec) - (p.now - since).total_seconds()
+        if fence > 0:
+            p.requeue.append(fence)
+        else:
+            blocking = [pod for pod in blocking if pod.node != lost]
+            if not blocking:
+                return False
     limit = p.spec.replacement_timeout_seconds
     waited = (p.now - since).total_seconds()
     if waited < limit:

@@ -37,6 +37,16 @@ operator's part:
 * A restart in place recorded for a round whose processes never started (the round did not come
   together: rank 0's pod lost during it, RoundTimeout) is completed by recreating the gang as that
   same round: the failure was counted once, when the restart was recorded.
+* **A lost node is a disruption** (:func:`node_losses`). The coordinator loses a member whose
+  agent fell silent (its node froze, lost power or was cut off: the kernel's user timeout notices
+  in ~8 s), or every member but rank 0's loses its coordinator (rank 0's node: they exit 75,
+  CoordinatorLost), and the silent pod still shows Running NODE_LOST_WAIT_SECONDS later: the
+  kubelet would have said if its container had ended. That pod is lost with its node (reason
+  NodeLost, naming the node): not counted against maxRestarts, never replaced alone (its
+  processes may still run), the gang recreated without waiting for the node controller, and
+  without waiting for that pod beyond the stop grace in which its agent, if it runs at all, has
+  stopped its processes (it fences itself when it loses the coordinator); the new attempt's pods
+  keep off that node.
 """
 
 from __future__ import annotations
@@ -57,6 +67,7 @@ from .model import (
     EVENT_WARNING,
     FAILED,
     PENDING,
+    REASON_NODE_LOST,
     REASON_POD_DELETED,
     REASON_POD_MISSING,
     RESTARTING,
@@ -78,7 +89,15 @@ PROGRESS_STATUS_SECONDS: Final = 300.0
 REASON_MEMBER_LOST: Final = "MemberLost"
 #: Reasons of a pod taken away with its node: its containers may still run there, so it is
 #: never replaced alone.
-NODE_LOSS_REASONS: Final = frozenset({"DeletionByTaintManager", "DeletionByPodGC", "NodeLost"})
+NODE_LOSS_REASONS: Final = frozenset({"DeletionByTaintManager", "DeletionByPodGC", REASON_NODE_LOST})
+#: The coordinator's reasons for a member whose agent fell silent (one that left, or was
+#: superseded by a new incarnation, said so).
+SILENT_LOSSES: Final = frozenset({"Disconnected", "HeartbeatTimeout"})
+#: How long a pod whose agent fell silent may still show Running before its node is taken as
+#: lost: the kubelet reports a container that ended (an agent that crashed) within about a second.
+NODE_LOST_WAIT_SECONDS: Final = 5.0
+#: What every member's last line says when it lost its coordinator (payload.rendezvous).
+COORDINATOR_LOST: Final = "CoordinatorLost"
 #: Reasons the agents report for a hung rank (torchrun's watchdog, the progress timeout).
 HANG_REASONS: Final = frozenset({"WatchdogTimeout", "NoProgress"})
 #: Reasons whose message from the agent only repeats the exit ("rank 1 exited with code 3"): the
@@ -180,6 +199,10 @@ def _failure(p: Pass, event: Mapping[str, Any]) -> Failure:
     rank = _int(event.get("rank"))
     rank = member * per if rank is None else rank
     pod = p.current().get(member)
+    if event.get("reason") == REASON_MEMBER_LOST and pod is not None and _alive(pod):
+        silent = _silent_loss(p, member)
+        if silent is not None:
+            return _node_lost(p, member, pod, str(silent.get("reason")))
     if event.get("reason") == REASON_MEMBER_LOST:
         lost = _lost_pod(p, member, _int(event.get("round")))
         if lost is not None:
@@ -200,6 +223,70 @@ def _failure(p: Pass, event: Mapping[str, Any]) -> Failure:
                    reason == REASON_MEMBER_LOST, (0, "~", member))
 
 
+def _alive(pod: PodInfo) -> bool:
+    """The pod shows Running and nothing else: no deletion, no end, no node-loss condition."""
+    return pod.phase == RUNNING and not pod.deleting and not pod.disrupted
+
+
+def _silent_loss(p: Pass, member: int) -> Mapping[str, Any] | None:
+    """The coordinator's newest ``lost`` event of ``member`` whose agent fell silent, if any."""
+    v = view(p)
+    if v is None:
+        return None
+    found = [e for e in v.lost if _int(e.get("member")) == member and e.get("reason") in SILENT_LOSSES]
+    return found[-1] if found else None
+
+
+def _node_lost(p: Pass, member: int, pod: PodInfo, how: str) -> Failure:
+    node = pod.node or None
+    message = (f"the agent of pod {pod.name} went silent ({how}) while the pod still shows Running: its node "
+               f"{node or '(unknown)'} is lost, frozen or cut off; the gang is recreated on other nodes")
+    return Failure(member * p.procs_per_pod, pod.name, node, None, REASON_NODE_LOST, message, False, True, True,
+                   (1, "~", member))
+
+
+def _waited(p: Pass, received: Any) -> float:
+    """Seconds since an event was heard (``received``, Unix time); the wait's length if unknown."""
+    return p.now.timestamp() - received if isinstance(received, (int, float)) else NODE_LOST_WAIT_SECONDS
+
+
+def node_losses(p: Pass) -> tuple[list[Failure], float]:
+    """Pods of the current gang lost with their node (see the module's text): a member whose agent
+    the coordinator lost by silence, or rank 0's pod when the others lost their coordinator, that
+    still shows Running NODE_LOST_WAIT_SECONDS later; and the seconds until a loss heard now may
+    be judged so (0: none pending)."""
+    if not p.in_place:
+        return [], 0.0
+    current = p.current()
+    out: dict[int, Failure] = {}
+    pending: list[float] = []
+    v = view(p)
+    for event in v.lost if v is not None else ():
+        member = _int(event.get("member"))
+        pod = current.get(member) if member is not None else None
+        if member is None or pod is None or event.get("reason") not in SILENT_LOSSES or not _alive(pod):
+            continue
+        if pod.joins is not None and pod.joins > (_int(event.get("round"), 0) or 0):
+            continue  # a replacement created after that loss
+        waited = _waited(p, event.get("received"))
+        if waited < NODE_LOST_WAIT_SECONDS:
+            pending.append(NODE_LOST_WAIT_SECONDS - waited)
+            continue
+        out[member] = _node_lost(p, member, pod, str(event.get("reason")))
+    zero = current.get(0)
+    gave_up = [pod for i, pod in current.items() if i != 0 and pod.phase == FAILED and pod.exit_code == EX_TEMPFAIL
+               and COORDINATOR_LOST in (pod.message or "")]
+    if zero is not None and _alive(zero) and gave_up and 0 not in out:
+        ended = [parse_time(pod.finished_at) for pod in gave_up]
+        first = min((t for t in ended if t is not None), default=p.now)
+        waited = (p.now - first).total_seconds()
+        if waited < NODE_LOST_WAIT_SECONDS:
+            pending.append(NODE_LOST_WAIT_SECONDS - waited)
+        else:
+            out[0] = _node_lost(p, 0, zero, f"{len(gave_up)} member(s) lost their coordinator in it")
+    return list(out.values()), min(pending, default=0.0)
+
+
 def _record_restarts(p: Pass, v: CoordinatorView) -> bool:
     pending = sorted((e for e in v.restarts if (_int(e.get("next_round"), -1) or -1) > p.restart),
                      key=lambda e: int(e["next_round"]))
@@ -208,8 +295,10 @@ def _record_restarts(p: Pass, v: CoordinatorView) -> bool:
         if event.get("reason") == REASON_MEMBER_LOST and _lost_pod(p, member, _int(event.get("round"))) is None:
             received = event.get("received")
             age = p.now.timestamp() - received if isinstance(received, (int, float)) else LOST_WAIT_SECONDS
-            if age < LOST_WAIT_SECONDS:
-                p.requeue.append(LOST_WAIT_SECONDS - age)
+            # A member that fell silent: its pod may yet say why (its node is taken as lost if not).
+            wait = NODE_LOST_WAIT_SECONDS if _silent_loss(p, member) is not None else LOST_WAIT_SECONDS
+            if age < wait:
+                p.requeue.append(wait - age)
                 return False
         f = _failure(p, event)
         nxt = int(event["next_round"])
@@ -440,6 +529,19 @@ def _verdict_first(message: str | None) -> str | None:
     lines = message.splitlines()
     said = [line for line in lines if VERDICT_LINE.match(line)]
     return "\n".join([*said, *(line for line in lines if not VERDICT_LINE.match(line))])
+
+
+def round_started(p: Pass) -> bool:
+    """Whether the coordinator said the current round's barrier closed."""
+    v = view(p)
+    return v is not None and v.round_started(p.restart)
+
+
+def lost_node(p: Pass) -> str | None:
+    """The node the current failure was lost with (status.failure, reason NodeLost), if any."""
+    failure = p.new.get("failure") or {}
+    node = failure.get("node")
+    return str(node) if failure.get("reason") == REASON_NODE_LOST and node else None
 
 
 def unstarted_round(p: Pass) -> bool:

@@ -62,6 +62,10 @@ REASON_MONARCH_HOST_EXITED: Final = "MonarchHostExited"
 EVENT_NORMAL: Final = "Normal"
 EVENT_WARNING: Final = "Warning"
 
+#: A pod lost with its node: its agent fell silent while the pod still showed Running
+#: (lifecycle.inplace.node_losses).
+REASON_NODE_LOST: Final = "NodeLost"
+
 #: What :attr:`Observed.configmap` may say about the namespace's payload ConfigMap.
 CONFIGMAP_MISSING: Final = "missing"
 CONFIGMAP_CURRENT: Final = "current"
@@ -488,6 +492,8 @@ class Plan:
             attempt ``restart``'s gang, in place of a lost one (a 409 is checked).
         replace_round: the round (MONARCH_SPMD_RESTART_COUNT) those pods join.
         disruptions: MONARCH_SPMD_DISRUPTIONS of the pods created (status.disruptions).
+        avoid_nodes: nodes the pods created must not be scheduled on (a node lost under the
+            previous attempt, before the node controller marks it NotReady).
     """
 
     status: dict[str, Any] = field(default_factory=dict)
@@ -509,6 +515,7 @@ class Plan:
     replace: tuple[tuple[int, int], ...] = ()
     replace_round: int = 0
     disruptions: int = 0
+    avoid_nodes: tuple[str, ...] = ()
 
 
 def format_time(t: dt.datetime) -> str:

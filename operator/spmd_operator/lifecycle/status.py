@@ -22,6 +22,7 @@ from .model import (
     CONDITION_TYPES,
     EVENT_WARNING,
     FAILED,
+    REASON_NODE_LOST,
     RESTARTING,
     RUNNING,
     Event,
@@ -342,7 +343,14 @@ class Pass:
             replace=tuple(dict.fromkeys(self.replace)),
             replace_round=self.replace_round,
             disruptions=int(self.new.get("disruptions") or 0),
+            avoid_nodes=self.avoid_nodes() if self.create or self.replace else (),
         )
+
+    def avoid_nodes(self) -> tuple[str, ...]:
+        """The node the current failure was lost with (reason NodeLost), for the pods created."""
+        failure = self.new.get("failure") or {}
+        node = failure.get("node")
+        return (str(node),) if failure.get("reason") == REASON_NODE_LOST and node else ()
 
     def new_gang(self) -> int:
         """The attempt of the gang the status this pass writes names (gangRestart, else restarts)."""

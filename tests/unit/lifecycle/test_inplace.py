@@ -445,3 +445,87 @@ def test_a_lost_members_restart_heard_after_its_replacement_was_created_names_th
     plan = run(st=st2, pods=[p for p in pods if p.rank != 2] + [ended], gone=[gone],
                coordinator=view(round_=2, phase="joining", restarts=[lost, again]))
     assert apply(st2, plan)["failure"]["pod"] == names.pod_name(JOB, 0, 2, 1)
+
+
+# --- a lost node: a disruption, the gang recreated without waiting for the node controller -------
+
+
+def _silent(member=2, received=T - 6, round_=0, reason="Disconnected"):
+    return {"type": "lost", "seq": 9, "time": T - 6, "round": round_, "member": member, "reason": reason,
+            "node": f"node-{member}", "received": received}
+
+
+def test_a_member_whose_agent_fell_silent_while_its_pod_runs_was_lost_with_its_node():
+    """maxRestarts 0, yet the job goes on: the loss is a disruption, the restart in place is
+    completed by a new gang at once (the lost member cannot rejoin), and its pods keep off the node."""
+    st = status("Running", disruptions=0)
+    lost = restart_event(rank=None, member=2, code=None, reason="MemberLost", tail=[],
+                         message="member 2's agent is gone (Disconnected)", received=T - 0.5)
+    early = dataclasses.replace(view(round_=1, phase="joining", restarts=[lost]), lost=(_silent(received=T - 0.5),))
+    plan = run(s=spec(restartPolicy={"maxRestarts": 0}), st=st, pods=gang("Running"), coordinator=early)
+    assert plan.status.get("restarts") is None and events(plan) == [], "the pod may yet say why"
+    assert 4.0 <= plan.requeue_after <= 5.0
+    later = dataclasses.replace(early, restarts=(dict(lost, received=T - 6),), lost=(_silent(),))
+    plan = run(s=spec(restartPolicy={"maxRestarts": 0}), st=st, pods=gang("Running"), coordinator=later)
+    new = apply(st, plan)
+    assert (new["phase"], new["restarts"], new["disruptions"]) == ("Restarting", 1, 1), new
+    failure = new["failure"]
+    assert (failure["reason"], failure["node"], failure["disruption"], failure["pod"]) == ("NodeLost", "node-2", True,
+                                                                                         pod_name(2))
+    assert "went silent (Disconnected)" in failure["message"] and "node-2 is lost" in failure["message"]
+    assert new["masterAddr"] == names.master_addr(JOB, 1) and "gangRestart" not in new, "a new gang, attempt 1"
+    assert set(plan.delete_pods) == {pod_name(r) for r in range(4)}
+    warnings = [e.message for e in plan.events if e.reason == "Restarting"]
+    assert warnings and all("NodeLost" in m for m in warnings), warnings
+    assert all("not counted against maxRestarts" in m for m in warnings), warnings
+
+
+def test_a_member_that_said_why_it_went_is_not_a_node_loss():
+    st = status("Running")
+    lost = restart_event(rank=None, member=2, code=None, reason="MemberLost", tail=[],
+                         message="member 2's agent is gone (Disconnected)", received=T - 6)
+    pods = gang("Running")
+    pods[2] = pod(2, "Failed", exit_code=137, reason="OOMKilled")
+    coordinator = dataclasses.replace(view(round_=1, phase="joining", restarts=[lost]), lost=(_silent(),))
+    new = apply(st, run(s=spec(restartPolicy={"maxRestarts": 2}), st=st, pods=pods, coordinator=coordinator))
+    assert (new["failure"]["reason"], new["failure"]["disruption"], new.get("disruptions", 0)) == ("OOMKilled", False, 0)
+    left = dataclasses.replace(coordinator, lost=(_silent(reason="Left"),))
+    plan = run(s=spec(restartPolicy={"maxRestarts": 2}), st=st, pods=gang("Running"), coordinator=left)
+    assert apply(st, plan)["failure"]["reason"] == "MemberLost", "it left (a signal): not silence"
+
+
+def test_rank_zeros_node_lost_the_members_give_up_and_the_gang_is_recreated_as_a_disruption():
+    st = status("Running")
+    pods = gang("Running")
+    message = ("monarch-spmd worker: lost the coordinator at hello-m0:29400 (the rank-0 pod's agent) "
+               "(CoordinatorLost); the gang must be recreated")
+    for r in (1, 2, 3):
+        pods[r] = pod(r, "Failed", exit_code=75, reason="Error", message=message, finished_at="2026-01-01T11:59:58Z")
+    dark = view(round_=0, phase="running", connected=False)
+    plan = run(s=spec(restartPolicy={"maxRestarts": 0}), st=st, pods=pods, coordinator=dark)
+    assert plan.status.get("phase") in (None, "Running") and plan.delete_pods == (), "not judged yet"
+    assert 2.0 <= plan.requeue_after <= 3.0
+    plan = run(s=spec(restartPolicy={"maxRestarts": 0}), st=st, pods=pods, coordinator=dark,
+               now=NOW + dt.timedelta(seconds=4))
+    new = apply(st, plan)
+    assert (new["phase"], new["restarts"], new["disruptions"]) == ("Restarting", 1, 1), new
+    assert (new["failure"]["reason"], new["failure"]["pod"], new["failure"]["node"]) == ("NodeLost", pod_name(0), "node-0")
+
+
+def test_the_lost_nodes_pods_hold_the_next_attempt_only_for_the_stop_grace_and_it_keeps_off_that_node():
+    failure = {"reason": "NodeLost", "node": "node-2", "pod": pod_name(2), "rank": 2, "restart": 0,
+               "disruption": True, "permanent": False, "time": "2026-01-01T11:59:50Z"}
+    st = status("Restarting", restarts=1, disruptions=1, failure=failure)
+    old = [pod(0, "Failed", exit_code=143), pod(1, "Failed", exit_code=143),
+           dataclasses.replace(pod(2), deleting=True), pod(3, "Failed", exit_code=143)]
+    grace = {"terminationGracePeriodSeconds": 30}
+    s = spec(template={"spec": grace})
+    plan = run(s=s, st=st, pods=old)
+    assert plan.create == () and 19.0 <= plan.requeue_after <= 21.0, "within the grace its agent may still stop"
+    plan = run(s=s, st=st, pods=old, now=NOW + dt.timedelta(seconds=21))
+    assert plan.create == (0, 1, 2, 3) and plan.restart == 1
+    assert plan.avoid_nodes == ("node-2",)
+    still = [pod(0, "Running"), *old[1:]]  # a pod of a healthy node still terminating holds it up as ever
+    plan = run(s=s, st=st, pods=[dataclasses.replace(still[0], deleting=True), *still[1:]],
+               now=NOW + dt.timedelta(seconds=21))
+    assert plan.create == ()
