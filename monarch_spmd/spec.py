@@ -1254,7 +1254,9 @@ STATUS: Final = Obj(
         "conditions": Arr(
             list_type="map",
             map_keys=("type",),
-            description="Standard conditions; types Created, Running, Restarting, Succeeded, Failed, Suspended.",
+            description="Standard conditions; types Created, Running, Restarting, Succeeded, Failed, Suspended, and "
+                        "CoordinatorReachable (restart in place: False while the operator has not heard the gang's "
+                        "coordinator for 30s).",
             items=Obj(
                 description="One condition.",
                 properties={

@@ -91,6 +91,8 @@ class Observer:
         self.received: dict[int, float] = {}
         self.progress_at: float | None = None  # monotonic time the latest progress event came
         self.since = time.time()
+        #: Since when (Unix time) there has been no open connection: the start, then each drop.
+        self.dark_since: float | None = self.since
         self._view: CoordinatorView | None = None
 
     @property
@@ -108,6 +110,7 @@ class Observer:
             self.task = None
         if self.connected:
             self.connected = False
+            self.dark_since = time.time()
             self._view = None
 
     @property
@@ -121,7 +124,8 @@ class Observer:
         if self._view is None:
             kinds = self.events
             self._view = CoordinatorView(
-                pod=self.pod_name, connected=self.connected, error=self.error, since=self.since, round=self.round,
+                pod=self.pod_name, connected=self.connected, error=self.error, since=self.since,
+                dark_since=None if self.connected else self.dark_since, round=self.round,
                 phase=self.phase,
                 restarts=tuple(kinds.get(rendezvous.EV_RESTART, ())), rounds=tuple(kinds.get(rendezvous.EV_ROUND, ())),
                 started=tuple(kinds.get(rendezvous.EV_STARTED, ())),
@@ -189,6 +193,7 @@ class Observer:
         kept = {e.get("seq") for events in self.events.values() for e in events}
         self.received = {k: v for k, v in self.received.items() if k in kept}
         self.connected, self.error = True, None
+        self.dark_since = None
         self._view = None
         if self.warned is not None:
             logger.warning("SPMDJob %s: the observer reaches the coordinator at %s:%s (%s) again", self.job,
@@ -214,6 +219,7 @@ class Observer:
             finally:
                 if self.connected:
                     self.connected = False
+                    self.dark_since = time.time()
                     self._view = None
                     self.wake()
             wait = RECONNECT_SECONDS[min(tries, len(RECONNECT_SECONDS) - 1)]

@@ -63,6 +63,7 @@ from monarch_spmd.spec import FAILURE_OUTPUT_NONE
 
 from .. import names
 from .model import (
+    COORDINATOR_REACHABLE,
     EVENT_NORMAL,
     EVENT_WARNING,
     FAILED,
@@ -93,6 +94,8 @@ NODE_LOSS_REASONS: Final = frozenset({"DeletionByTaintManager", "DeletionByPodGC
 #: The coordinator's reasons for a member whose agent fell silent (one that left, or was
 #: superseded by a new incarnation, said so).
 SILENT_LOSSES: Final = frozenset({"Disconnected", "HeartbeatTimeout"})
+#: How long the operator may not hear a running gang's coordinator before the job says so.
+SIGHT_LOST_SECONDS: Final = 30.0
 #: How long a pod whose agent fell silent may still show Running before its node is taken as
 #: lost: the kubelet reports a container that ended (an agent that crashed) within about a second.
 NODE_LOST_WAIT_SECONDS: Final = 5.0
@@ -143,7 +146,34 @@ def handle(p: Pass) -> bool:
         return True
     _running_again(p, v)
     _progress(p, v)
+    _sight(p, v)
     return False
+
+
+def _sight(p: Pass, v: CoordinatorView) -> None:
+    """The condition CoordinatorReachable: False once the operator has not heard the running
+    gang's coordinator for SIGHT_LOST_SECONDS (its restarts go unseen meanwhile), True again
+    when it hears it; never written for a job whose view was never lost (no write per job)."""
+    before = next((c for c in p.conditions if c.get("type") == COORDINATOR_REACHABLE), None)
+    zero = p.current().get(0)
+    watched = p.new.get("phase") in (RUNNING, RESTARTING) and zero is not None and _alive(zero)
+    if v.connected:
+        if before is not None and before.get("status") == "False":
+            p.condition(COORDINATOR_REACHABLE, "True", "CoordinatorReachable",
+                        f"the operator hears the coordinator of pod {v.pod} again")
+        return
+    if not watched or v.dark_since is None:
+        return
+    dark = p.now.timestamp() - v.dark_since
+    if dark < SIGHT_LOST_SECONDS:
+        p.requeue.append(SIGHT_LOST_SECONDS - dark)
+        return
+    message = (f"the operator has not heard the coordinator of pod {v.pod} for {int(dark)}s"
+               f"{': ' + v.error if v.error else ''}; restarts in place are not seen until it is back "
+               "(a NetworkPolicy without the operator, the agent port blocked, the pod's network down)")
+    if before is None or before.get("status") != "False":
+        p.condition(COORDINATOR_REACHABLE, "False", "CoordinatorUnreachable", message[:2048])
+        p.event(EVENT_WARNING, "CoordinatorUnreachable", message[:1024])
 
 
 def _lost_pod(p: Pass, member: int, failed_round: int | None = None) -> PodInfo | None:

@@ -48,7 +48,10 @@ PHASES: Final = tuple(Phase)
 TERMINAL: Final = frozenset({SUCCEEDED, FAILED})
 
 #: Condition types, in the order they are listed.
-CONDITION_TYPES: Final = ("Created", RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED)
+#: Restart in place: whether the operator hears the gang's coordinator (set only once it did
+#: not for a while; lifecycle.inplace).
+COORDINATOR_REACHABLE: Final = "CoordinatorReachable"
+CONDITION_TYPES: Final = ("Created", RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED, COORDINATOR_REACHABLE)
 
 #: Reasons set by the lifecycle itself for a pod lost from under the job (always retryable).
 REASON_POD_DELETED: Final = "PodDeleted"
@@ -359,6 +362,7 @@ class CoordinatorView:
         connected: a connection is open and its ``welcome`` was read.
         error: why the last connection attempt failed or ended, if it did.
         since: when the operator began to connect (Unix time).
+        dark_since: while not connected, since when (Unix time: the first try, or the last drop).
         round: the coordinator's current round (from ``welcome``, then its events).
         phase: ``joining``, ``running``, ``stopping``, ``finished`` or ``failed``.
         restarts: every ``restart`` event (the decision to restart in place), oldest first.
@@ -374,6 +378,7 @@ class CoordinatorView:
     connected: bool = False
     error: str | None = None
     since: float | None = None
+    dark_since: float | None = None
     round: int | None = None
     phase: str | None = None
     restarts: tuple[Mapping[str, Any], ...] = ()

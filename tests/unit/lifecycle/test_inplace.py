@@ -529,3 +529,26 @@ def test_the_lost_nodes_pods_hold_the_next_attempt_only_for_the_stop_grace_and_i
     plan = run(s=s, st=st, pods=[dataclasses.replace(still[0], deleting=True), *still[1:]],
                now=NOW + dt.timedelta(seconds=21))
     assert plan.create == ()
+
+
+def test_a_running_gang_the_operator_cannot_hear_for_30s_is_said_in_a_condition_until_it_is_heard_again():
+    st = status("Running")
+    dark = dataclasses.replace(view(round_=0, phase="running", connected=False), dark_since=T - 10,
+                               error="ConnectionRefusedError: [Errno 111] Connection refused")
+    plan = run(st=st, pods=gang("Running"), coordinator=dark)
+    assert cond(apply(st, plan), "CoordinatorReachable") is None and events(plan) == [], "a blip is not news"
+    assert 19.0 <= plan.requeue_after <= 21.0
+    plan = run(st=st, pods=gang("Running"), coordinator=dataclasses.replace(dark, dark_since=T - 45))
+    new = apply(st, plan)
+    c = cond(new, "CoordinatorReachable")
+    assert (c["status"], c["reason"]) == ("False", "CoordinatorUnreachable")
+    assert "for 45s" in c["message"] and "Connection refused" in c["message"] and pod_name(0) in c["message"]
+    assert events(plan) == [("Warning", "CoordinatorUnreachable")]
+    assert new["phase"] == "Running", "the job itself is not judged by what the operator cannot hear"
+    same = run(st=new, pods=gang("Running"), coordinator=dataclasses.replace(dark, dark_since=T - 90))
+    assert same.events == () and cond(apply(new, same), "CoordinatorReachable") == c, "said once"
+    back = run(st=new, pods=gang("Running"), coordinator=view(round_=0, phase="running"))
+    c = cond(apply(new, back), "CoordinatorReachable")
+    assert (c["status"], c["reason"]) == ("True", "CoordinatorReachable")
+    quiet = run(st=st, pods=gang("Running"), coordinator=view(round_=0, phase="running"))
+    assert cond(apply(st, quiet), "CoordinatorReachable") is None, "no condition for a job never out of sight"
