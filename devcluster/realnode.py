@@ -441,6 +441,51 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         self._wait(lambda: self.ctr(i, "version", check=False).returncode == 0, 60,
                    f"containerd-{i}", proc)
 
+    # --- a node that freezes ------------------------------------------------------------------
+
+    def _node_pids(self, i: int) -> list[int]:
+        """Node i's kubelet, containerd and containerd's shims (its containers' parents)."""
+        pids = [proc.pid for name, proc in self.processes.items()
+                if name in (f"kubelet-{i}", f"containerd-{i}") and proc.poll() is None]
+        sock = str(self._containerd_paths(i)[2])
+        pids += [pid for pid, cmdline in processes() if "containerd-shim" in cmdline and sock in cmdline]
+        return pids
+
+    def _freezer(self, i: int) -> Path | None:
+        """Node i's cgroup in the v1 freezer hierarchy (its pods' cgroups are under it)."""
+        path = CGROUP_ROOT / "freezer" / self.slot.cgroup_name(i)
+        return path if (path / "freezer.state").exists() else None
+
+    def freeze(self, i: int) -> None:
+        """Node i as a machine that froze, lost power or fell off the network: its kubelet,
+        containerd and shims stopped (SIGSTOP), its containers frozen (the cgroup freezer), its
+        pods' bridge down. Nothing sent to it is acknowledged and nothing on it takes a step, so
+        the API server hears nothing of it either (its pods keep their last status). thaw()
+        undoes it."""
+        assert self.slot is not None
+        for pid in self._node_pids(i):
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+        freezer = self._freezer(i)
+        if freezer is not None:
+            (freezer / "freezer.state").write_text("FROZEN")
+        sh("ip", "-n", self.slot.netns, "link", "set", f"msrn{self.slot.number}b{i}", "down")
+
+    def thaw(self, i: int) -> None:
+        """Node i as it was before freeze()."""
+        assert self.slot is not None
+        sh("ip", "-n", self.slot.netns, "link", "set", f"msrn{self.slot.number}b{i}", "up", check=False)
+        freezer = self._freezer(i)
+        if freezer is not None:
+            (freezer / "freezer.state").write_text("THAWED")
+        for pid in self._node_pids(i):
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
     def ctr(self, i: int, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         """`ctr` against node i's containerd, namespace k8s.io (the CRI's)."""
         sock = self._containerd_paths(i)[2]
@@ -590,6 +635,11 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         """Stop every pod (through the kubelets), the kubelets, containerd, CoreDNS, the network."""
         if self.slot is None:
             return
+        for i in range(self.count):  # a node a test left frozen must still stop
+            try:
+                self.thaw(i)
+            except Exception as err:  # noqa: BLE001 - best effort before the clean-up
+                log.warning("real nodes: thawing node %d failed: %s", i, err)
         try:
             self._drain()
         except Exception as err:  # the API server may be gone: the slot clean-up still runs

@@ -71,6 +71,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="the least excess over the start, in MiB, for --memory-recycle-factor (default 32)",
     )
     parser.add_argument(
+        "--network-policy", action=argparse.BooleanOptionalAction, default=False,
+        help="give every job a NetworkPolicy that lets in only its own pods and this operator (its pods in "
+             "$POD_NAMESPACE, selected by --operator-pod-labels) on the agent port: enforced where the network "
+             "plugin enforces NetworkPolicy (default off; the chart turns it on)",
+    )
+    parser.add_argument(
+        "--operator-pod-labels", default="", metavar="K=V,...",
+        help="labels that select this operator's pods, for --network-policy (default: every pod of its namespace)",
+    )
+    parser.add_argument(
         "--metrics-port", type=int, default=None, metavar="PORT",
         help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics (default 9090; 0 turns them off)",
     )
@@ -106,6 +116,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--memory-recycle-factor: {args.memory_recycle_factor} is negative; valid is 0 (off) or more")
     if args.memory_recycle_min_mib is not None and args.memory_recycle_min_mib < 0:
         parser.error(f"--memory-recycle-min-mib: {args.memory_recycle_min_mib} is negative; valid is 0 or more")
+    args.operator_labels = {}
+    for part in filter(None, (p.strip() for p in args.operator_pod_labels.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq or not key.strip():
+            parser.error(f"--operator-pod-labels: {part!r} is not KEY=VALUE; expected e.g. "
+                         "app.kubernetes.io/name=monarch-spmd,app.kubernetes.io/instance=spmd")
+        args.operator_labels[key.strip()] = value.strip()
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
         parser.error(f"--metrics-port: {args.metrics_port} is out of range; valid is 0..65535 (0 turns metrics off)")
     from .leader import DEFAULT_LEASE_NAME, LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD, Timings
@@ -159,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         memory_recycle_min_mib=(DEFAULT_MIN_EXCESS_MIB if args.memory_recycle_min_mib is None
                                 else args.memory_recycle_min_mib),
         leader_election=election,
+        isolation=(os.environ.get("POD_NAMESPACE") or None, args.operator_labels) if args.network_policy else None,
     )
     kopf.run(
         standalone=True,

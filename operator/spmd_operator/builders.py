@@ -463,6 +463,42 @@ def build_pod(job: JobRef, spec: JobSpec, index: int, restart: int, *, replaceme
     return pod
 
 
+# --- network isolation ------------------------------------------------------------------------
+
+NETWORK_POLICY_API: Final = ("networking.k8s.io", "v1", "networkpolicies")
+
+
+def build_network_policy(job: JobRef, spec: JobSpec, operator_namespace: str | None,
+                         operator_labels: Mapping[str, str]) -> dict[str, Any] | None:
+    """The job's NetworkPolicy: only the job's own pods reach its pods (every port: the agent's,
+    the TCPStore's, the backends', which the OS picks), and the operator reaches the agent port
+    (its observer); nothing else. None in Monarch mode, whose client attaches from anywhere.
+
+    Args:
+        operator_namespace: the operator pod's namespace; None when it does not run in a pod
+            (then no pod can be named for it: only the job's pods are let in).
+        operator_labels: labels that select the operator's pods in that namespace ({}: any pod
+            of the namespace).
+    """
+    if spec.mode == names.MODE_MONARCH:
+        return None
+    own = {"podSelector": {"matchLabels": {names.LABEL_JOB: job.name, names.LABEL_JOB_UID: job.uid}}}
+    ingress: list[dict[str, Any]] = [{"from": [own]}]
+    agent = policy.agent_port(spec)
+    if operator_namespace and agent is not None:
+        ingress.append({
+            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": operator_namespace}},
+                      "podSelector": {"matchLabels": dict(operator_labels)}}],
+            "ports": [{"protocol": "TCP", "port": agent}],
+        })
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(job, names.network_policy_name(job), job_labels(job)),
+        "spec": {"podSelector": own["podSelector"], "policyTypes": ["Ingress"], "ingress": ingress},
+    }
+
+
 # --- gang scheduling ----------------------------------------------------------------------------
 
 #: What each gang scheduler needs: its PodGroup API, the scheduler name pods use by default, and

@@ -296,6 +296,9 @@ class Controller:
             unfinished job (:meth:`sweep_payloads`).
         recycle: when the process starts afresh to give memory back after jobs went
             (:mod:`.memory`); None: never.
+        isolation: each job gets a NetworkPolicy letting in only its own pods and the operator
+            (:func:`builders.build_network_policy`): the operator pods' (namespace, labels), the
+            namespace None when the operator does not run in a pod; None: no NetworkPolicy.
     """
 
     def __init__(self, api: kube.Kube, worker_files: Mapping[str, str], *,
@@ -304,8 +307,10 @@ class Controller:
                  metrics: Metrics | None = None,
                  check_seconds: float = DEFAULT_CHECK_SECONDS,
                  payload_grace_seconds: float = DEFAULT_PAYLOAD_GRACE_SECONDS,
-                 recycle: memory.RecyclePolicy | None = None) -> None:
+                 recycle: memory.RecyclePolicy | None = None,
+                 isolation: tuple[str | None, Mapping[str, str]] | None = None) -> None:
         self.api = api
+        self.isolation = isolation
         self.recycle = recycle
         #: Replaces the process (:func:`.memory.recycle`) once the policy says so.
         self.start_afresh = memory.recycle
@@ -1067,6 +1072,12 @@ class Controller:
             writes.append(self._ensure(loop, kube.custom_url(*group_api, ns), builders.build_podgroup(job, spec, plan.podgroup), job))
         if plan.workload:
             writes.append(self._ensure(loop, kube.custom_url(*builders.KUEUE_WORKLOAD, ns), builders.build_workload(job, spec), job))
+        if self.isolation is not None and (plan.create or plan.replace):
+            # Before the pods (they wait for these writes): no pod of the job runs unisolated. One
+            # per job, so a later attempt's creation finds it (409, checked to be the job's own).
+            isolation = builders.build_network_policy(job, spec, *self.isolation)
+            if isolation is not None:
+                writes.append(self._ensure(loop, kube.custom_url(*builders.NETWORK_POLICY_API, ns), isolation, job))
         if writes or plan.create or plan.replace:
             loop.rejection = None  # tried again: the next pass sees only what this one is refused
         return await asyncio.gather(*writes, return_exceptions=True)

@@ -84,6 +84,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         metrics=metrics,
         recycle=memory.RecyclePolicy(float(getattr(memo, "memory_recycle_factor", memory.DEFAULT_FACTOR)),
                                      int(getattr(memo, "memory_recycle_min_mib", memory.DEFAULT_MIN_EXCESS_MIB)) * memory.MIB),
+        isolation=getattr(memo, "isolation", None),
     )
     metrics.recycles.set(memory.recycles())
     ctl_ref.append(ctl)

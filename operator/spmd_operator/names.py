@@ -171,6 +171,11 @@ def workload_name(job: JobRef) -> str:
     return f"{_prefix(job)}-spmdjob"
 
 
+def network_policy_name(job: JobRef) -> str:
+    """The job's NetworkPolicy (one per job, for every attempt's pods): ``<job>-<id>-isolation``."""
+    return f"{_prefix(job)}-isolation"
+
+
 def payload_configmap_name(payload_hash: str) -> str:
     """The ConfigMap holding payload ``payload_hash`` (the worker) in a namespace: one per
     namespace and payload, mounted by every pod of the namespace's jobs, never rewritten (a new

@@ -33,9 +33,10 @@ RESYNC_SECONDS = 10
 
 def operator_args() -> list[str]:
     """The flags the end-to-end tests run the operator with: one replica (no leader election, so
-    a restarted operator need not wait for its predecessor's Lease), ports of its own."""
+    a restarted operator need not wait for its predecessor's Lease), ports of its own, and a
+    NetworkPolicy per job as the chart installs it (the test cluster does not enforce them)."""
     return ["--liveness", f"http://127.0.0.1:{free_port()}/healthz", "--resync-seconds", str(RESYNC_SECONDS),
-            "--metrics-port", str(free_port()), "--no-leader-election"]
+            "--metrics-port", str(free_port()), "--no-leader-election", "--network-policy"]
 
 
 def free_port() -> int:

@@ -74,6 +74,16 @@ def test_a_pod_in_another_namespace_can_neither_read_nor_drive_a_gang(running_op
     summary = lines[-1]
     assert summary["output_seen"] is False and summary["received"] < 4096, summary
 
+    # The job's NetworkPolicy (what an enforcing network plugin would apply): the gang's own pods only.
+    policy = client.NetworkingV1Api(c.api_client()).read_namespaced_network_policy(
+        names.network_policy_name(job_ref(job)), namespace)
+    selected = policy.spec.pod_selector.match_labels
+    assert selected == {"spmd.monarch.dev/job": "victim", "spmd.monarch.dev/job-uid": job["metadata"]["uid"]}
+    assert all(selected.items() <= p.metadata.labels.items() for p in job_pods(c, namespace, "victim"))
+    assert [[peer.pod_selector.match_labels for peer in rule._from] for rule in policy.spec.ingress] == [[selected]], \
+        "only the job's own pods (the operator runs outside any pod here)"
+    assert policy.metadata.owner_references[0].uid == job["metadata"]["uid"]
+
     job = wait_phase(c, namespace, "victim", "Succeeded", timeout=180)
     status = job["status"]
     assert status["restarts"] == 0 and not status.get("disruptions") and not status.get("failure"), status

@@ -25,6 +25,8 @@ NAMESPACED_RULES = [
     {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch", "create", "delete"]},
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "delete"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+    # networkPolicy.enabled (the default): one NetworkPolicy per job.
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "create"]},
 ]
 # With gangScheduling.<name>.enabled: namespaced rules, and cluster-scoped ones (Kueue's flavors).
 GANG_RULES = {
@@ -50,8 +52,8 @@ NAMESPACES_RULE = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["li
 LEASE_RULE = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
 
 
-def leader_args(namespace: str = "ops", lease: str = "spmd-monarch-spmd") -> list[str]:
-    """The operator's metrics and leader-election flags as the chart renders them by default."""
+def leader_args(namespace: str = "ops", lease: str = "spmd-monarch-spmd", release: str = "spmd") -> list[str]:
+    """The operator's metrics, leader-election and isolation flags as the chart renders them by default."""
     return [
         "--metrics-port=9090",
         "--leader-election",
@@ -60,6 +62,8 @@ def leader_args(namespace: str = "ops", lease: str = "spmd-monarch-spmd") -> lis
         "--lease-duration=10",
         "--renew-deadline=7",
         "--retry-period=2",
+        "--network-policy",
+        f"--operator-pod-labels=app.kubernetes.io/name=monarch-spmd,app.kubernetes.io/instance={release}",
     ]
 
 

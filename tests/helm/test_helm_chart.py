@@ -90,7 +90,7 @@ def test_every_rbac_rule_says_who_needs_it():
     rule_starts = [i for i, line in enumerate(lines) if line.lstrip().startswith("- apiGroups:")]
     gang = sum(len(r) for r in GANG_RULES.values()) + sum(len(r) for r in GANG_CLUSTER_RULES.values())
     assert len(rule_starts) == len(NAMESPACED_RULES) + 3 + gang + 1  # + CRDs, namespaces x2; + the Lease
-    first_line = r"\s*# (app|framework|leader)( \(gangScheduling\.[a-z]+\))?: \S"
+    first_line = r"\s*# (app|framework|leader)( \((gangScheduling\.[a-z]+|networkPolicy\.enabled)\))?: \S"
     for i in rule_starts:
         j = i - 1
         while j > 0 and lines[j - 1].lstrip().startswith("#") and not re.match(first_line, lines[j]):

@@ -515,3 +515,50 @@ def test_failure_text_keeps_only_the_workers_own_lines_with_failure_output_none(
     assert policy.failure_text(spec(), message) == message
     assert policy.failure_text(spec(failureOutput="None"), message) == "monarch-spmd worker: rank 1 exited with code 1 in restart 0; job failed"
     assert policy.failure_text(spec(failureOutput="None"), "ValueError: password=hunter2") is None
+
+
+def test_the_network_policy_lets_in_only_the_jobs_own_pods_and_the_operator_on_the_agent_port():
+    job = JobRef("train", "team-a", "0d9c0ffe-0000-4000-8000-00000000abcd")
+    spec = parse_job_spec({"mesh": [{"name": "procs", "size": 4}], "args": ["train.py"], "image": "img"},
+                          require_image=True)
+    body = builders.build_network_policy(job, spec, "monarch-spmd", {"app.kubernetes.io/name": "monarch-spmd"})
+    own = {"matchLabels": {names.LABEL_JOB: "train", names.LABEL_JOB_UID: job.uid}}
+    assert body["metadata"]["name"] == names.network_policy_name(job) and body["metadata"]["namespace"] == "team-a"
+    assert body["spec"] == {
+        "podSelector": own, "policyTypes": ["Ingress"],
+        "ingress": [{"from": [{"podSelector": own}]},
+                    {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monarch-spmd"}},
+                               "podSelector": {"matchLabels": {"app.kubernetes.io/name": "monarch-spmd"}}}],
+                     "ports": [{"protocol": "TCP", "port": 29400}]}]}
+    # Every pod of the job (any attempt, any replacement) is selected by it.
+    for restart, replacement in ((0, 0), (3, 0), (1, 2)):
+        labels = builders.build_pod(job, spec, 1, restart, replacement=replacement)["metadata"]["labels"]
+        assert own["matchLabels"].items() <= labels.items()
+    # An operator outside any pod: only the job's own pods; RecreatePods: no agent port to open.
+    assert builders.build_network_policy(job, spec, None, {})["spec"]["ingress"] == [{"from": [{"podSelector": own}]}]
+    recreate = parse_job_spec({"mesh": [{"name": "procs", "size": 4}], "args": ["train.py"], "image": "img",
+                               "restartPolicy": {"mode": "RecreatePods"}}, require_image=True)
+    assert len(builders.build_network_policy(job, recreate, "ops", {})["spec"]["ingress"]) == 1
+    monarch = parse_job_spec({"mesh": [{"name": "hosts", "size": 2}, {"name": "gpus", "size": 1}], "mode": "Monarch",
+                              "image": "img", "podLayout": "PerHost"}, require_image=True)
+    assert builders.build_network_policy(job, monarch, "ops", {}) is None, "a Monarch client attaches from anywhere"
+
+
+def test_pods_created_after_a_node_loss_keep_off_that_node_whatever_the_template_requires():
+    job = JobRef("train", "team-a", "0d9c0ffe-0000-4000-8000-00000000abcd")
+    zone = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                                  {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}]}
+    spec = parse_job_spec({"mesh": [{"name": "procs", "size": 2}], "args": ["train.py"], "image": "img",
+                           "template": {"spec": {"affinity": {"nodeAffinity": {
+                               "requiredDuringSchedulingIgnoredDuringExecution": zone}}}}}, require_image=True)
+    pod = builders.build_pod(job, spec, 1, 1, avoid_nodes=("node-7",))
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    keep_off = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["node-7"]}
+    assert len(terms) == 2 and all(term["matchExpressions"][-1] == keep_off for term in terms), "ANDed into each"
+    assert spec.template["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == zone
+    plain = parse_job_spec({"mesh": [{"name": "procs", "size": 2}], "args": ["train.py"], "image": "img"},
+                           require_image=True)
+    pod = builders.build_pod(job, plain, 0, 1, avoid_nodes=("node-7",))
+    assert pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
+        "nodeSelectorTerms": [{"matchExpressions": [keep_off]}]}
+    assert "affinity" not in builders.build_pod(job, plain, 0, 1)["spec"]

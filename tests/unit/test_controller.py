@@ -1316,3 +1316,24 @@ def test_a_status_patch_never_reaches_a_namesake():
     assert not api.job.get("status"), "the namesake's status is not written"
     patches = [call for call in api.calls if call[0] == "patch"]
     assert len(patches) == 1
+
+
+# --- network isolation: a NetworkPolicy per job, before its first pods ------------------------------
+
+
+def test_with_isolation_the_jobs_network_policy_is_created_with_its_first_pods_and_never_without():
+    api = SlowApi(job_body())
+    c, loop = make(api)
+    c.isolation = ("monarch-spmd", {"app.kubernetes.io/name": "monarch-spmd"})
+    run_pass(c, loop)
+    policies = [(p, n) for verb, p, n in api.calls if verb == "create" and p.endswith("/networkpolicies")]
+    assert policies == [("/apis/networking.k8s.io/v1/namespaces/ns/networkpolicies", names.network_policy_name(JOB))]
+    span = {(verb, what): (began, ended) for verb, what, began, ended in api.spans}
+    first_pod = min(began for verb, what, began, _ in api.spans if what == "pods")
+    assert span[("create", "networkpolicies")][1] <= first_pod, "no pod runs before its job is isolated"
+    body = api.objects[("/apis/networking.k8s.io/v1/namespaces/ns/networkpolicies", names.network_policy_name(JOB))]
+    assert body["metadata"]["ownerReferences"][0]["uid"] == JOB.uid
+    plain = FakeApi(job_body())
+    c2, loop2 = make(plain)
+    run_pass(c2, loop2)
+    assert not [p for verb, p, _ in plain.calls if p.endswith("/networkpolicies")], "off unless asked for"

@@ -104,3 +104,4 @@ def test_a_failed_start_afresh_ends_the_process_instead_of_leading_with_its_loop
 def test_recycles_counts_from_the_environment(monkeypatch, value, expected):
     monkeypatch.setenv(memory.RECYCLES_ENV, value)
     assert memory.recycles() == expected
+

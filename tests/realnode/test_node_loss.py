@@ -1,0 +1,85 @@
+"""A real node frozen under a running job: its kubelet, containerd and shims stopped, its containers
+frozen, its pods' network down (devcluster.realnode.RealNodes.freeze), as a machine that hangs,
+loses power or falls off the network. docs/restart-in-place.md, "Failure cases and bounds".
+
+The job has ``maxRestarts: 0``: the loss must be a disruption, found by the agents' own
+connections in seconds, the gang recreated on the healthy node without waiting for the node
+controller (minutes) or for the lost pod's deletion, and training must go on.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from tests.realnode.conftest import JOB_LABEL, STOCK_IMAGE, JobWatch, apply, get_job, spmdjob, wait_until
+
+pytestmark = pytest.mark.cluster
+
+# A training loop as torchrun users write one: gloo, an all_reduce a step, a line a step.
+TRAIN = """\
+import os, time
+from datetime import timedelta
+import torch, torch.distributed as dist
+
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+rank, attempt = dist.get_rank(), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+for step in range(int(os.environ.get("STEPS", "400"))):
+    t = torch.tensor([step + 1.0])
+    dist.all_reduce(t)
+    print(f"rank {rank} attempt {attempt} step {step} sum {t.item():g}", flush=True)
+    time.sleep(0.25)
+dist.destroy_process_group()
+"""
+
+
+def test_a_frozen_node_under_a_max_restarts_0_job_is_a_disruption_and_training_goes_on(real_cluster,
+                                                                                        real_namespace):
+    spread = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+        "weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                           "labelSelector": {"matchLabels": {JOB_LABEL: "frozen"}}}}]}}
+    job, extra = spmdjob("frozen", 2, ["/opt/train/train.py"], STOCK_IMAGE, script=TRAIN,
+                         restartPolicy={"maxRestarts": 0}, rendezvousTimeoutSeconds=120)
+    job["spec"]["template"]["spec"].update(affinity=spread, terminationGracePeriodSeconds=5)
+    apply(real_cluster, real_namespace, *extra, job)
+    watch = JobWatch(real_cluster, real_namespace, "frozen")
+    watch.wait_phase("Running", timeout=240)
+    first = wait_until(lambda: _training(watch, attempt=0), 120, "both ranks training")
+    nodes = {p["labels"]["spmd.monarch.dev/rank"]: p["node"] for p in first}
+    assert nodes["0"] != nodes["1"], f"the two pods share a node: {nodes}"
+    lost = real_cluster.real.names.index(nodes["1"])
+    healthy = nodes["0"]
+
+    frozen_at = time.monotonic()
+    real_cluster.real.freeze(lost)
+    try:
+        running = wait_until(lambda: (j := get_job(real_cluster, real_namespace, "frozen"))["status"].get("restarts")
+                             == 1 and j["status"]["phase"] == "Running" and j, 150, "Running again after the loss")
+        back = time.monotonic() - frozen_at
+        again = wait_until(lambda: _training(watch, attempt=1), 120, "both ranks training again")
+        training = time.monotonic() - frozen_at
+    finally:
+        real_cluster.real.thaw(lost)
+    status = running["status"]
+    failure = status["failure"]
+    assert (failure["reason"], failure["node"], failure["disruption"]) == ("NodeLost", nodes["1"], True), failure
+    assert status.get("disruptions") == 1 and status["phase"] == "Running", status
+    assert {p["node"] for p in again} == {healthy}, "the new gang keeps off the lost node"
+    print(f"\nnode loss: Running again {back:.1f}s, every rank training again {training:.1f}s after the freeze")
+    assert back < 60, f"Running again {back:.1f}s after the freeze"
+
+
+def _training(watch: JobWatch, attempt: int) -> list[dict] | None:
+    """The pods of ``attempt`` whose rank printed a step, or None until both have."""
+    watch.poll()
+    pods = [dict(p, name=n) for n, p in watch.pods.items()
+            if p["labels"].get("spmd.monarch.dev/restart") == str(attempt) and p.get("phase") == "Running"]
+    if len(pods) < 2:
+        return None
+    for pod in pods:
+        log = watch.cluster.kubectl("logs", "-n", watch.namespace, pod["name"], check=False).stdout
+        if not re.search(rf"attempt {attempt} step \d+ sum", log):
+            return None
+    return pods
