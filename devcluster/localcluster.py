@@ -273,9 +273,11 @@ class LocalCluster:
             self.operator_process = None
 
     def start_replica(self, identity: str, *args: str, kubeconfig: Path | None = None,
-                      lease_namespace: str = "default") -> subprocess.Popen:
+                      lease_namespace: str = "default",
+                      scope: tuple[str, ...] = ("--all-namespaces",)) -> subprocess.Popen:
         """One more operator process with leader election on, known to the Lease (and to the
-        audit log, by its User-Agent ``spmdjob-operator/<identity>``) as ``identity``.
+        audit log, by its User-Agent ``spmdjob-operator/<identity>``) as ``identity``; ``scope``:
+        the namespaces it watches (``--namespace=NS`` flags, or every namespace).
 
         Its log goes to operator-<identity>.log; ``kubeconfig`` (default: the admin one) may point
         it at a :class:`StallableProxy`. The caller stops it (:func:`stop_process_group`).
@@ -290,7 +292,7 @@ class LocalCluster:
             args = (*args, "--metrics-port", str(free_port()))
         with open(self.state_dir / f"operator-{identity}.log", "ab") as log:
             return subprocess.Popen(
-                [sys.executable, "-m", "spmd_operator", "--all-namespaces", "--leader-election",
+                [sys.executable, "-m", "spmd_operator", *scope, "--leader-election",
                  "--leader-election-namespace", lease_namespace, *args],
                 env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, preexec_fn=die_with_parent)

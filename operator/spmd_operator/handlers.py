@@ -96,8 +96,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         async def started() -> None:
             ctl.activate()
 
+        # The Lease has a client of its own: its renewals never wait behind the jobs' requests.
         elector = memo.elector = leader.LeaderElector(
-            api, election["namespace"], election["name"], election["identity"],
+            api.twin(user_agent=f"{kube.USER_AGENT}/{identity}/lease"), election["namespace"], election["name"],
+            election["identity"],
             on_started=started, on_stopped=ctl.deactivate, timings=election["timings"])
         api.may_write = elector.may_write  # the fence: no write unless the Lease is provably ours
     await ctl.start(activate=election is None)
@@ -115,6 +117,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         await ctl.deactivate()
     if elector is not None:
         await elector.stop(release=True)
+        await elector.api.close()
     if ctl is not None:
         await ctl.stop()
         await ctl.api.close()

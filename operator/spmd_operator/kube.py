@@ -426,6 +426,7 @@ class Kube:
         self.user_agent = user_agent
         self.may_write: Callable[[], bool] | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._watch_session: aiohttp.ClientSession | None = None
         self._headers: dict[str, str] = {}
 
     @classmethod
@@ -447,6 +448,24 @@ class Kube:
             self._headers = {**info.as_http_headers(), "Accept": "application/json", "User-Agent": self.user_agent}
         return self._session
 
+    def _open_watches(self) -> aiohttp.ClientSession:
+        """The watches' own pool, without a limit: a watch holds its connection for minutes, one per
+        namespace and kind, and must never take one that a request (a write, a list, a Lease
+        renewal) waits for. 25 watched namespaces once held all 64 of the shared pool."""
+        self._open()
+        if self._watch_session is None or self._watch_session.closed:
+            info = self.info
+            connector = aiohttp.TCPConnector(ssl=info.as_ssl_context() if info.server.startswith("https") else False,
+                                             limit=0)
+            self._watch_session = aiohttp.ClientSession(base_url=info.server.rstrip("/") + "/", connector=connector,
+                                                        trust_env=info.trust_env)
+        return self._watch_session
+
+    def twin(self, concurrency: int = 2, *, user_agent: str | None = None) -> Kube:
+        """A client of its own pool with the same credentials (the Lease's: its renewals never
+        wait behind the jobs' requests)."""
+        return Kube(self.info, concurrency, self.observe, relogin=self.relogin, user_agent=user_agent or self.user_agent)
+
     async def _login_again(self) -> bool:
         if self.relogin is None:
             return False
@@ -456,16 +475,21 @@ class Kube:
             logger.warning("logging in again after a 401 failed: %s", e)
             return False
         old, self._session = self._session, None
+        old_watches, self._watch_session = self._watch_session, None
         self.info = info
         self._open()
-        if old is not None:
-            await old.close()
+        for session in (old, old_watches):
+            if session is not None:
+                await session.close()
         return True
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self._watch_session is not None:
+            await self._watch_session.close()
+            self._watch_session = None
 
     def _count(self, verb: str, status: int) -> None:
         if self.observe is not None:
@@ -627,7 +651,7 @@ class Kube:
         if label_selector:
             query["labelSelector"] = label_selector
         timeout = aiohttp.ClientTimeout(total=None, connect=30, sock_connect=30, sock_read=timeout_seconds + 30)
-        session = self._open()
+        session = self._open_watches()
         headers = {**self._headers, "Accept": METADATA} if metadata else self._headers
         async with session.get(path.lstrip("/"), params=query, headers=headers, timeout=timeout) as response:
             self._count("watch", response.status)
