@@ -21,6 +21,7 @@ import copy
 import logging
 import os
 import socket
+import time
 from typing import Any, Final
 
 import kopf
@@ -121,6 +122,52 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     if ctl is not None:
         await ctl.stop()
         await ctl.api.close()
+
+
+#: How long a replica may hold the Lease with its job loops stopped before its liveness probe
+#: fails (taking the Lease and starting the loops are one step apart; more is a stuck leader).
+STUCK_LEADER_SECONDS = 15.0
+
+
+class LeaderHealth:
+    """What the liveness probe says of leadership: a replica that holds the Lease but runs no job
+    loop for STUCK_LEADER_SECONDS cannot work and keeps any standby from taking over, so the probe
+    fails and the kubelet restarts it (its Lease then lapses to a standby)."""
+
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self.clock = clock
+        self.stuck_since: float | None = None
+
+    def check(self, leading: bool, active: bool) -> str:
+        if not leading or active:
+            self.stuck_since = None
+            return "leader" if leading else "standby"
+        now = self.clock()
+        if self.stuck_since is None:
+            self.stuck_since = now
+        if now - self.stuck_since >= STUCK_LEADER_SECONDS:
+            raise RuntimeError(f"this replica has held the Lease for {now - self.stuck_since:.0f}s with its job "
+                               "loops stopped")
+        return "leader (starting its loops)"
+
+
+@kopf.on.probe(id="leadership")
+def leadership(memo: kopf.Memo, **_: Any) -> str:
+    """Part of kopf's health endpoint (the liveness probe): fails for a stuck leader."""
+    ctl = getattr(memo, "controller", None)
+    elector = getattr(memo, "elector", None)
+    if ctl is None:
+        return "starting"
+    health = getattr(memo, "leader_health", None)
+    if health is None:
+        health = memo.leader_health = LeaderHealth()
+    leading = elector.may_write() if elector is not None else True
+    try:
+        return health.check(leading, bool(ctl.active))
+    except RuntimeError as e:
+        # Permanent: kopf answers the probe 500 at once (a temporary error would be retried
+        # inside the request, which then times out instead).
+        raise kopf.PermanentError(str(e)) from e
 
 
 @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL)

@@ -263,3 +263,59 @@ def test_a_write_whose_body_waits_for_the_loop_past_the_deadline_is_not_sent(mon
         return writes
 
     assert asyncio.run(go()) == 0
+
+
+def test_a_renew_gets_through_while_watches_hold_every_connection_a_request_could_use():
+    """Watches have a pool of their own: 40 open watches (held by a server that never answers
+    them) leave the requests' pool, and the Lease's own client, free."""
+    async def go():
+        server = LeaseServer()
+        hang = asyncio.Event()
+
+        async def held(request):
+            await hang.wait()
+            return web.Response(text="")
+
+        server.app.router.add_get("/api/v1/namespaces/{ns}/pods", held)
+        api = await client(server, concurrency=2)  # a pool of 18 for requests
+        watches = [asyncio.create_task(_drain(api.watch(f"/api/v1/namespaces/ns{i}/pods", resource_version="1")))
+                   for i in range(40)]
+        await asyncio.sleep(0)
+        e = elector(api.twin(), [])
+        took = time.monotonic()
+        assert await asyncio.wait_for(e.try_acquire_or_renew(), timeout=5)
+        took = time.monotonic() - took
+        assert await asyncio.wait_for(api.request("GET", e.url), timeout=5), "and a request of the jobs' pool"
+        hang.set()
+        for w in watches:
+            w.cancel()
+        await asyncio.gather(*watches, return_exceptions=True)
+        await e.api.close()
+        await api.close()
+        await server.runner.cleanup()
+        return took
+
+    assert asyncio.run(go()) < TIMINGS.renew_deadline
+
+
+async def _drain(stream):
+    async for _ in stream:
+        pass
+
+
+def test_a_leader_whose_loops_stay_stopped_fails_its_liveness_probe():
+    from spmd_operator import handlers
+
+    now = [0.0]
+    health = handlers.LeaderHealth(clock=lambda: now[0])
+    assert health.check(leading=False, active=False) == "standby"
+    assert health.check(leading=True, active=True) == "leader"
+    assert health.check(leading=True, active=False).startswith("leader"), "taking the Lease, starting the loops"
+    now[0] = handlers.STUCK_LEADER_SECONDS - 1
+    health.check(leading=True, active=False)
+    now[0] = handlers.STUCK_LEADER_SECONDS + 1
+    with pytest.raises(RuntimeError, match="held the Lease for 16s with its job loops stopped"):
+        health.check(leading=True, active=False)
+    assert health.check(leading=True, active=True) == "leader", "its loops running again: healthy again"
+    now[0] += 100
+    assert health.check(leading=True, active=False).startswith("leader"), "a new stretch starts the clock again"
