@@ -98,14 +98,15 @@ def _has_default_account(core: client.CoreV1Api, namespace: str) -> bool:
         return False
 
 
-def wait_until(check: Callable[[], Any], timeout: float, what: str, every: float = 0.5) -> Any:
+def wait_until(check: Callable[[], Any], timeout: float, what: str, every: float = 0.5,
+               diagnose: Callable[[], str] | None = None) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = check()
         if value:
             return value
         time.sleep(every)
-    raise AssertionError(f"not reached in {timeout}s: {what}")
+    raise AssertionError(f"not reached in {timeout}s: {what}" + (f"\n{diagnose()}" if diagnose else ""))
 
 
 def operator_pod(cluster: LocalCluster) -> client.V1Pod:

@@ -9,12 +9,14 @@ controller (minutes) or for the lost pod's deletion, and training must go on.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
 import pytest
 
-from tests.realnode.conftest import JOB_LABEL, STOCK_IMAGE, JobWatch, apply, get_job, spmdjob, wait_until
+from tests.realnode.conftest import (JOB_LABEL, OPERATOR_NAMESPACE, STOCK_IMAGE, JobWatch, apply, get_job,
+                                     operator_pod, spmdjob, wait_until)
 
 pytestmark = pytest.mark.cluster
 
@@ -47,16 +49,22 @@ def test_a_frozen_node_under_a_max_restarts_0_job_is_a_disruption_and_training_g
     watch = JobWatch(real_cluster, real_namespace, "frozen")
     watch.wait_phase("Running", timeout=240)
     first = wait_until(lambda: _training(watch, attempt=0), 120, "both ranks training")
-    nodes = {p["labels"]["spmd.monarch.dev/rank"]: p["node"] for p in first}
-    assert nodes["0"] != nodes["1"], f"the two pods share a node: {nodes}"
-    lost = real_cluster.real.names.index(nodes["1"])
-    healthy = nodes["0"]
+    nodes = {p["labels"]["spmd.monarch.dev/rank"]: (p["node"], p["name"]) for p in first}
+    assert nodes["0"][0] != nodes["1"][0], f"the two pods share a node: {nodes}"
+    # The operator's node stays up (a control plane's own machines are others): the job's pod on
+    # the other node is lost with it, rank 1's (the coordinator sees its agent fall silent) or
+    # rank 0's (the other agents lose their coordinator), as the scheduler placed them.
+    operator_node = operator_pod(real_cluster).spec.node_name
+    rank, (victim_node, victim_pod) = next((r, n) for r, n in nodes.items() if n[0] != operator_node)
+    healthy = operator_node
+    lost = real_cluster.real.names.index(victim_node)
 
     frozen_at = time.monotonic()
     real_cluster.real.freeze(lost)
     try:
         running = wait_until(lambda: (j := get_job(real_cluster, real_namespace, "frozen"))["status"].get("restarts")
-                             == 1 and j["status"]["phase"] == "Running" and j, 150, "Running again after the loss")
+                             == 1 and j["status"]["phase"] == "Running" and j, 150, "Running again after the loss",
+                             diagnose=lambda: _diagnose(real_cluster, real_namespace))
         back = time.monotonic() - frozen_at
         again = wait_until(lambda: _training(watch, attempt=1), 120, "both ranks training again")
         training = time.monotonic() - frozen_at
@@ -64,11 +72,22 @@ def test_a_frozen_node_under_a_max_restarts_0_job_is_a_disruption_and_training_g
         real_cluster.real.thaw(lost)
     status = running["status"]
     failure = status["failure"]
-    assert (failure["reason"], failure["node"], failure["disruption"]) == ("NodeLost", nodes["1"], True), failure
+    assert (failure["reason"], failure["node"], failure["disruption"], failure["pod"]) == (
+        "NodeLost", victim_node, True, victim_pod), failure
     assert status.get("disruptions") == 1 and status["phase"] == "Running", status
     assert {p["node"] for p in again} == {healthy}, "the new gang keeps off the lost node"
-    print(f"\nnode loss: Running again {back:.1f}s, every rank training again {training:.1f}s after the freeze")
+    print(f"\nnode loss (rank {rank}'s node): Running again {back:.1f}s, every rank training again "
+          f"{training:.1f}s after the freeze")
     assert back < 60, f"Running again {back:.1f}s after the freeze"
+
+
+def _diagnose(cluster, namespace: str) -> str:
+    job = get_job(cluster, namespace, "frozen")
+    pods = cluster.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
+    log = cluster.kubectl("logs", "-n", OPERATOR_NAMESPACE, operator_pod(cluster).metadata.name, "--tail=80",
+                          check=False, timeout=20)
+    return (f"status: {json.dumps(job.get('status'), indent=1)}\npods:\n{pods}\noperator log:\n"
+            f"{log.stdout[-6000:]}{log.stderr[-500:]}")
 
 
 def _training(watch: JobWatch, attempt: int) -> list[dict] | None:

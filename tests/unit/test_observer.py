@@ -66,6 +66,19 @@ class Coordinator:
         self.server.stop()
 
 
+def counted_connections(monkeypatch) -> list[int]:
+    """A list that grows by one with each connection the observer opens."""
+    tries: list[int] = []
+    connect = asyncio.open_connection
+
+    async def counted(*args, **kwargs):
+        tries.append(1)
+        return await connect(*args, **kwargs)
+
+    monkeypatch.setattr(observer.asyncio, "open_connection", counted)
+    return tries
+
+
 async def until(check, timeout: float = 10.0, what: str = "") -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -198,14 +211,7 @@ def test_the_same_failure_again_does_not_wake_the_jobs_loop(monkeypatch):
     port = socket.create_server(("127.0.0.1", 0))
     closed = port.getsockname()[1]
     port.close()
-    tries, wakes = [], []
-    connect = asyncio.open_connection
-
-    async def counted(*args, **kwargs):
-        tries.append(1)
-        return await connect(*args, **kwargs)
-
-    monkeypatch.setattr(observer.asyncio, "open_connection", counted)
+    tries, wakes = counted_connections(monkeypatch), []
 
     async def scenario():
         o = observer.Observer(("pod-0", "uid-0"), "127.0.0.1", closed, lambda: wakes.append(1))
@@ -225,14 +231,7 @@ def test_a_coordinator_of_another_run_is_not_listened_to_and_trouble_is_a_warnin
     other = Coordinator(run_id="uid-of-another-job")
     other.start_round(0)
     other.fail(0, member=1)
-    tries = []
-    connect = asyncio.open_connection
-
-    async def counted(*args, **kwargs):
-        tries.append(1)
-        return await connect(*args, **kwargs)
-
-    monkeypatch.setattr(observer.asyncio, "open_connection", counted)
+    tries = counted_connections(monkeypatch)
 
     async def scenario():
         o = observer.Observer(("pod-0", "uid-0"), "127.0.0.1", other.port, lambda: None, token=TOKEN,
