@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import uuid
 
 import pytest
@@ -20,7 +22,7 @@ from monarch_spmd.payload import rendezvous
 from monarch_spmd.payload.names import DEFAULT_AGENT_PORT
 from spmd_operator import kube, names
 from tests.e2e.conftest import (GROUP, PLURAL, PROCESS_NODE, REPO_ROOT, VERSION, apply, get_job, job_events,
-                                job_manifest, job_pods, job_ref, wait_phase, wait_until)
+                                job_manifest, job_pods, job_ref, operator_args, wait_phase, wait_until)
 
 pytestmark = pytest.mark.cluster
 
@@ -127,3 +129,33 @@ def test_the_operators_status_patch_is_refused_for_a_namesake_by_the_real_api_se
     assert merged["metadata"]["uid"] == job["metadata"]["uid"] and merged["status"]["reason"] == "merge-patched", \
         "a merge patch's uid is ignored: no precondition at all"
     assert own["status"]["message"] == "from its own loop"
+
+
+def test_a_long_history_of_long_lines_is_seen_whole_after_the_operator_was_killed(running_operator, namespace):
+    """Four restarts in place whose ranks printed 50 lines of 20,000 characters, all while the
+    operator was down: its welcome once came to 4.4 MB against the protocol's 1 MiB line, and the
+    operator reconnected forever with the status frozen. Now the history fits, and the operator
+    records every restart (counted once) and sees the gang running again."""
+    c = running_operator
+    m = job_manifest("chatty", [("procs", 2)], ["-m", "tests.programs.long_lines", "--fail", "0:1,1:0,2:1,3:0"],
+                     restartPolicy={"maxRestarts": 10, "backoffSeconds": 0})
+    m["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 3
+    apply(c, namespace, m)
+    job = wait_phase(c, namespace, "chatty", "Running", timeout=180)
+    os.killpg(c.operator_process.pid, signal.SIGKILL)
+    c.operator_process.wait()
+    c.operator_process = None
+    zero = names.pod_name(job_ref(job), 0, 0)
+    wait_until(lambda: "long_lines rank 0 steady at restart 4" in c.pod_log(namespace, zero), 180,
+               "four restarts in place while the operator is down")
+    assert get_job(c, namespace, "chatty")["status"]["restarts"] < 4
+    c.start_operator(*operator_args())
+    job = wait_until(lambda: (j := get_job(c, namespace, "chatty"))["status"].get("restarts") == 4
+                     and j["status"]["phase"] == "Running" and j, 60, "the four restarts seen, Running again")
+    status = job["status"]
+    assert status["failure"]["restart"] == 3 and status["failure"]["rank"] == 0, status["failure"]
+    assert len(status["failure"].get("message") or "") <= 2048
+    assert not [x for x in status.get("conditions") or [] if x["type"] == "CoordinatorReachable"]
+    log = (c.state_dir / "operator.log").read_text(errors="replace")
+    assert "longer than" not in log, "no line over the limit"
+    c.kubectl("delete", "spmdjob", "chatty", "-n", namespace, "--wait=false")
