@@ -4,7 +4,7 @@ Each attempt starts a torch DataLoader with two worker processes and takes one b
 ``multiprocessing.Process`` and a ``subprocess.Popen`` that outlive it a moment, prints their
 pids (``left N pids ...``), and ends at once without waiting for any of them (``os._exit``, as a
 crash or a SIGKILL ends a process): code 3 until TORCHELASTIC_RESTART_COUNT reaches
-``--restarts``, then 0. The last attempt first waits until every process an earlier attempt left
+``--restarts``, then 0 (with ``--alternate`` one rank a restart fails, the others are stopped). The last attempt first waits until every process an earlier attempt left
 has ended, then counts the zombies in its PID namespace (``zombies N``): PID 1 must have reaped
 them all.
 """
@@ -40,6 +40,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--restarts", type=int, default=10)
     parser.add_argument("--settle", type=float, default=30.0, help="seconds the last attempt waits at most")
+    parser.add_argument("--alternate", action="store_true",
+                        help="only rank RESTART %% WORLD_SIZE fails; the others wait to be stopped (a SIGTERM "
+                             "ends them at once, their children left behind), so no one pod fails twice in a row")
     opts = parser.parse_args()
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if restart >= opts.restarts:
@@ -67,6 +70,9 @@ def main() -> int:
     left = [*workers, child.pid, sub.pid]
     print(f"leave_orphans restart {restart}: left {len(left)} pids {left}", flush=True)
     sys.stdout.flush()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if opts.alternate and int(os.environ.get("RANK", "0")) != restart % world:
+        time.sleep(600)  # stopped by the agent when the failing rank's failure stops the round
     os._exit(3)
 
 

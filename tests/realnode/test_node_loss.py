@@ -1,4 +1,6 @@
-"""A real node frozen under a running job: its kubelet, containerd and shims stopped, its containers
+"""Real nodes, real containers: a node frozen under a running job, and the zombies of restarts.
+
+A real node frozen under a running job: its kubelet, containerd and shims stopped, its containers
 frozen, its pods' network down (devcluster.realnode.RealNodes.freeze), as a machine that hangs,
 loses power or falls off the network. docs/restart-in-place.md, "Failure cases and bounds".
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -102,3 +105,27 @@ def _training(watch: JobWatch, attempt: int) -> list[dict] | None:
         if not re.search(rf"attempt {attempt} step \d+ sum", log):
             return None
     return pods
+
+
+def test_ten_restarts_in_place_leave_no_zombie_in_real_containers(real_cluster, real_namespace):
+    """The worker is PID 1 of the trainer container: every process a rank leaves behind (DataLoader
+    workers, a multiprocessing child, a subprocess; a rank ended by SIGTERM leaves its own) lands
+    on it and must be reaped. Ten restarts in place, the same two pods throughout."""
+    script = (Path(__file__).resolve().parents[1] / "programs" / "leave_orphans.py").read_text()
+    job, extra = spmdjob("orphans", 2, ["/opt/train/train.py", "--restarts", "10", "--alternate"], STOCK_IMAGE,
+                         script=script, restartPolicy={"maxRestarts": 10, "backoffSeconds": 0},
+                         rendezvousTimeoutSeconds=120)
+    job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 5
+    apply(real_cluster, real_namespace, *extra, job)
+    watch = JobWatch(real_cluster, real_namespace, "orphans")
+    done = watch.wait_phase("Succeeded", "Failed", timeout=600)
+    status = done["status"]
+    assert status["phase"] == "Succeeded" and status["restarts"] == 10, json.dumps(status, indent=1)
+    assert status.get("gangRestart") == 0, "every restart was in place: the same pods"
+    logs = watch.pod_logs()
+    assert len(logs) == 2, list(watch.pods)
+    for name, log in logs.items():
+        left = re.findall(r"leave_orphans restart (\d+): left 4 pids", log)
+        assert [int(r) for r in left] == list(range(10)), (name, log[-3000:])
+        final = re.search(r"leave_orphans restart 10: zombies (\d+) others (\[.*\])", log)
+        assert final is not None and (final.group(1), final.group(2)) == ("0", "[]"), (name, log[-3000:])
