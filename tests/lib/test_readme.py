@@ -221,7 +221,7 @@ def test_the_security_model_is_written_where_people_look_and_names_every_rbac_re
     said = {"spmdjobs": "SPMDJobs", "spmdjobs/status": "status", "pods": "pods", "services": "Services",
             "configmaps": "ConfigMaps", "events": "Events", "customresourcedefinitions": "CRDs",
             "namespaces": "namespaces", "leases": "Lease", "workloads": "Workloads", "workloads/status": "Workloads",
-            "podgroups": "PodGroups", "resourceflavors": "Kueue"}
+            "podgroups": "PodGroups", "resourceflavors": "Kueue", "networkpolicies": "NetworkPolicies"}
     assert resources <= set(said), f"rbac.yaml has new resources: {resources - set(said)}; say what they allow"
     for resource in resources:
         assert said[resource] in section, resource
