@@ -103,7 +103,16 @@ def test_leader_election_flags_follow_the_values(render):
     assert container["args"][2:] == [
         "--metrics-port=9090", "--leader-election", "--leader-election-namespace=ops", "--lease-name=ops-lease",
         "--lease-duration=30", "--renew-deadline=20", "--retry-period=5",
+        "--network-policy", "--operator-pod-labels=app.kubernetes.io/name=monarch-spmd,app.kubernetes.io/instance=spmd",
     ]
+
+
+def test_network_policy_value_turns_the_jobs_isolation_and_its_rbac_off(render):
+    objects = render("--set", "networkPolicy.enabled=false")
+    (container,) = operator_pod_template(objects)["spec"]["containers"]
+    assert not [a for a in container["args"] if "network-policy" in a or "operator-pod-labels" in a]
+    rules = one(objects, "ClusterRole", "spmd-monarch-spmd")["rules"]
+    assert all("networkpolicies" not in r["resources"] for r in rules)
 
 
 def test_lease_role_is_the_release_namespace_only(render):
