@@ -125,7 +125,9 @@ def test_ten_restarts_in_place_leave_no_zombie_in_real_containers(real_cluster, 
     logs = watch.pod_logs()
     assert len(logs) == 2, list(watch.pods)
     for name, log in logs.items():
-        left = re.findall(r"leave_orphans restart (\d+): left 4 pids", log)
-        assert [int(r) for r in left] == list(range(10)), (name, log[-3000:])
+        rank = int(re.search(r"rank (\d+)/2", log).group(1))
+        left = {int(r) for r in re.findall(r"leave_orphans restart (\d+): left 4 pids", log)}
+        # The failing rank of each restart always gets that far; the other may be stopped first.
+        assert left >= {r for r in range(10) if r % 2 == rank}, (name, sorted(left), log[-3000:])
         final = re.search(r"leave_orphans restart 10: zombies (\d+) others (\[.*\])", log)
         assert final is not None and (final.group(1), final.group(2)) == ("0", "[]"), (name, log[-3000:])
