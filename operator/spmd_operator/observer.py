@@ -28,12 +28,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from monarch_spmd.payload import rendezvous
+from monarch_spmd.payload.agent import keepalive
 
 from .lifecycle.model import CoordinatorView
 
@@ -287,8 +287,4 @@ def _keepalive(sock: Any) -> None:
     """TCP keepalive and the user timeout as the agents use them (rendezvous.TCP_OPTIONS): a lost
     node is noticed in ~8 s."""
     with contextlib.suppress(OSError, AttributeError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for name, value in rendezvous.TCP_OPTIONS:
-            option = getattr(socket, name, None)
-            if option is not None:
-                sock.setsockopt(socket.IPPROTO_TCP, option, value)
+        keepalive(sock)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import datetime as dt
 import gc
 import json
 import logging
@@ -1337,3 +1338,27 @@ def test_with_isolation_the_jobs_network_policy_is_created_with_its_first_pods_a
     c2, loop2 = make(plain)
     run_pass(c2, loop2)
     assert not [p for verb, p, _ in plain.calls if p.endswith("/networkpolicies")], "off unless asked for"
+
+
+def test_a_network_policy_the_server_refuses_holds_the_pods_back_and_is_named():
+    """RBAC without networkpolicies (rbac.create false, a Role of one's own): no pod of the job
+    starts unisolated; the refusal is kept for the next pass to say, naming the object."""
+    api = FakeApi(job_body())
+    api.fail[("create", "networkpolicies")] = [kube.KubeError(
+        403, 'networkpolicies.networking.k8s.io is forbidden: User "system:serviceaccount:ops:spmd" cannot create '
+             'resource "networkpolicies" in API group "networking.k8s.io" in the namespace "ns"', reason="Forbidden")]
+    c, loop = make(api)
+    c.isolation = ("ops", {})
+    run_pass(c, loop)
+    assert api.posted("pods") == [], "no pod runs before its job is isolated"
+    assert loop.rejection is not None and loop.rejection.kind == "NetworkPolicy"
+    assert loop.rejection.code == 403 and "networkpolicies" in loop.rejection.message
+    run_pass(c, loop)  # the next pass says it, and holds creation for the back-off
+    refusal = api.job["status"]["refusal"]
+    assert refusal["kind"] == "NetworkPolicy" and refusal["code"] == 403, refusal
+    assert api.posted("pods") == []
+    # The rule was added: after the back-off (timed from the refusal's wall-clock time) the policy
+    # is created first, then pods follow.
+    asyncio.run(c.reconcile_once(loop, now=dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=60)))
+    assert api.objects[("/apis/networking.k8s.io/v1/namespaces/ns/networkpolicies", names.network_policy_name(JOB))]
+    assert api.posted("pods"), "creation goes on once the job is isolated"

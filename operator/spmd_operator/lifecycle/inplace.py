@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from monarch_spmd import policy
+from monarch_spmd.payload import rendezvous
 from monarch_spmd.payload.names import EX_TEMPFAIL
 from monarch_spmd.spec import FAILURE_OUTPUT_NONE
 
@@ -93,14 +94,12 @@ REASON_MEMBER_LOST: Final = "MemberLost"
 NODE_LOSS_REASONS: Final = frozenset({"DeletionByTaintManager", "DeletionByPodGC", REASON_NODE_LOST})
 #: The coordinator's reasons for a member whose agent fell silent (one that left, or was
 #: superseded by a new incarnation, said so).
-SILENT_LOSSES: Final = frozenset({"Disconnected", "HeartbeatTimeout"})
+SILENT_LOSSES: Final = frozenset({rendezvous.LOST_DISCONNECTED, rendezvous.LOST_HEARTBEAT})
 #: How long the operator may not hear a running gang's coordinator before the job says so.
 SIGHT_LOST_SECONDS: Final = 30.0
 #: How long a pod whose agent fell silent may still show Running before its node is taken as
 #: lost: the kubelet reports a container that ended (an agent that crashed) within about a second.
 NODE_LOST_WAIT_SECONDS: Final = 5.0
-#: What every member's last line says when it lost its coordinator (payload.rendezvous).
-COORDINATOR_LOST: Final = "CoordinatorLost"
 #: Reasons the agents report for a hung rank (torchrun's watchdog, the progress timeout).
 HANG_REASONS: Final = frozenset({"WatchdogTimeout", "NoProgress"})
 #: Reasons whose message from the agent only repeats the exit ("rank 1 exited with code 3"): the
@@ -305,7 +304,7 @@ def node_losses(p: Pass) -> tuple[list[Failure], float]:
         out[member] = _node_lost(p, member, pod, str(event.get("reason")))
     zero = current.get(0)
     gave_up = [pod for i, pod in current.items() if i != 0 and pod.phase == FAILED and pod.exit_code == EX_TEMPFAIL
-               and COORDINATOR_LOST in (pod.message or "")]
+               and rendezvous.REASON_COORDINATOR_LOST in (pod.message or "")]
     if zero is not None and _alive(zero) and gave_up and 0 not in out:
         ended = [parse_time(pod.finished_at) for pod in gave_up]
         first = min((t for t in ended if t is not None), default=p.now)

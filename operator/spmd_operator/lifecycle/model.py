@@ -108,8 +108,6 @@ class PodInfo:
             MONARCH_SPMD_RESTART_COUNT); None for a pod of the gang.
         agent_token: its attempt's proof of membership (the trainer's MONARCH_SPMD_AGENT_TOKEN):
             the observer's hello carries it, a replacement gets it; None when it has none.
-        run_id: the trainer's MONARCH_SPMD_RUN_ID (the job's uid), which the coordinator's
-            welcome must name.
     """
 
     name: str
