@@ -494,7 +494,6 @@ class _View:
     announced: set[int] = field(default_factory=set)  # rounds whose first failure was said
     quiet: bool = False  # the runner is stopping everything itself: the agents' reactions are not news
     lost: dict[int, int] = field(default_factory=dict)  # member -> the round it was lost in
-    seq: int = 0  # the last coordinator event taken (a welcome's history repeats the earlier ones)
 
     def drain(self) -> list[dict[str, Any]]:
         out = []
@@ -788,24 +787,18 @@ def _run_gang(plan: _Plan, restart: int, out: gang.Prefixer, note: Any, deadline
 
 def _follow(view: _View, note: Any, world: int) -> None:
     """Turns the coordinator's events into the runner's notes and its view of the ranks. The
-    ``welcome`` of an observer that connected late (or again) carries the history it missed (a
-    rank that failed at once, the restart): those events are taken as if they had come live."""
+    observer (:class:`.payload.follow.Follower`) hands over each event once: an observer that
+    connected late gets the events it missed (a rank that failed at once, the restart) from the
+    welcome's history first, and they are said as if they had come live."""
     for event in view.drain():
         if event.get("type") == rendezvous.WELCOME:
-            for past in event.get("history") or []:
-                _take(view, past, note)
             view.round = int(event.get("round", view.round))
         else:
             _take(view, event, note)
 
 
 def _take(view: _View, event: Mapping[str, Any], note: Any) -> None:
-    """One coordinator event, once: one already taken (by its sequence number) is skipped."""
-    seq = event.get("seq")
-    if isinstance(seq, int):
-        if seq <= view.seq:
-            return
-        view.seq = seq
+    """One coordinator event."""
     quiet = view.quiet
     kind = event.get("type")
     r = event.get("round")

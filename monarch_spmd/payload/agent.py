@@ -38,7 +38,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from . import gang, rendezvous, timer
+from . import follow, gang, rendezvous, timer
 from .names import EX_TEMPFAIL
 
 _PREFIX: Final = "monarch-spmd worker"
@@ -1080,21 +1080,28 @@ class Agent:
 
 
 class Observer:
-    """An observer of a coordinator (the local runner's; the operator speaks the same protocol):
-    a thread that connects, reads ``welcome`` and every event, and hands them to ``on_message``.
+    """An observer of a coordinator (the local runner's; the operator has an asyncio twin): a
+    thread that connects, says hello and hands each event to ``on_message``, once, in order.
+
+    The protocol (hello, the welcome or refusal, the run, the history's replay, the sequence
+    numbers) is :class:`.follow.Follower`'s: ``on_message`` gets the events a welcome's history
+    holds that were not taken before, then the welcome itself without its history (the
+    coordinator's round and phase now), then every event as it comes.
 
     Args:
         addr, port: the coordinator.
         on_message: called (in the observer's thread) with each message.
         retry_until: keep trying to connect until this monotonic time.
+        token: the attempt's agent token.
     """
 
     def __init__(self, addr: str, port: int, on_message: Callable[[dict[str, Any]], None],
                  retry_until: float, token: str = "") -> None:
         self.addr, self.port = addr, port
-        self.token = token
+        self.follower = follow.Follower(token)
         self.on_message = on_message
         self.retry_until = retry_until
+        self.error: str | None = None
         self.stopped = threading.Event()
         self.connected = threading.Event()
         self.thread = threading.Thread(target=self._run, name="monarch-spmd-observer", daemon=True)
@@ -1117,14 +1124,16 @@ class Observer:
                 continue
             try:
                 self._read(sock)
+            except (ConnectionError, rendezvous.ProtocolError) as e:
+                self.error = str(e)
             finally:
+                self.follower.disconnected()
                 sock.close()
             return
 
     def _read(self, sock: socket.socket) -> None:
         sock.settimeout(0.2)
-        sock.sendall(rendezvous.encode({"type": rendezvous.HELLO, "role": rendezvous.ROLE_OBSERVER,
-                                        "versions": list(rendezvous.VERSIONS), "token": self.token}))
+        sock.sendall(rendezvous.encode(self.follower.hello()))
         self.connected.set()
         lines = rendezvous.LineBuffer()
         while not self.stopped.is_set():
@@ -1137,4 +1146,7 @@ class Observer:
             if not data:
                 return
             for message in lines.feed(data):
-                self.on_message(message)
+                for event in self.follower.take(message):
+                    self.on_message(event)
+                if message.get("type") == rendezvous.WELCOME:
+                    self.on_message({k: v for k, v in message.items() if k != "history"})

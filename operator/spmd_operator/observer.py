@@ -16,11 +16,16 @@ pass decides, and writes one status patch and one Event per restart. The connect
 never touches the API server, so no fence is needed here; nothing is ever sent to the
 coordinator after ``hello``.
 
+The protocol itself (hello, welcome or refusal, the run id, the history's replay, the sequence
+numbers) is :class:`monarch_spmd.payload.follow.Follower`'s, the one observer client the local
+runner uses too; this module owns the asyncio connection and what the lifecycle reads.
+
 Failures: a refused or broken connection, a line that is not a message, or a gap in the events'
 sequence numbers (lines lost) closes it; it is opened again after a back-off (0.2 s growing to
-RECONNECT_MAX_SECONDS), and ``welcome`` brings the history back, so nothing is missed; a
-restart already recorded is never counted twice (the lifecycle compares rounds with
-status.restarts). TCP keepalive notices a rank-0 pod whose node is gone in ~7 s.
+RECONNECT_MAX_SECONDS), and ``welcome`` brings the history back: the events missed meanwhile are
+taken, each event once; a restart already recorded is never counted twice (the lifecycle also
+compares rounds with status.restarts). TCP keepalive notices a rank-0 pod whose node is gone in
+~8 s.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from monarch_spmd.payload import rendezvous
+from monarch_spmd.payload import follow, rendezvous
 from monarch_spmd.payload.agent import keepalive
 
 from .lifecycle.model import CoordinatorView
@@ -66,7 +71,7 @@ class Observer:
         job: ``namespace/name``, for the log.
 
     Memory is bounded however long the gang runs: the events kept per kind are the newest
-    EVENTS_KEPT (the lifecycle reads the newest rounds), and the receive times only theirs.
+    EVENTS_KEPT (the lifecycle reads the newest rounds).
     """
 
     def __init__(self, pod: tuple[str, str], address: str, port: int, wake: Callable[[], None], *,
@@ -75,20 +80,15 @@ class Observer:
         self.address = address
         self.port = port
         self.wake = wake
-        self.token = token
-        self.run_id = run_id
+        self.follower = follow.Follower(token, run_id)
         self.job = job or self.pod_name
         self.warned: str | None = None  # the trouble last logged at WARNING (each kind once per outage)
         self.task: asyncio.Task[None] | None = None
         self.connected = False
         self.error: str | None = None
-        self.round: int | None = None
-        self.phase: str | None = None
         self.events: dict[str, list[dict[str, Any]]] = {}
         self.final: dict[str, Any] | None = None
         self.progress: dict[str, Any] | None = None
-        self.seq = 0
-        self.received: dict[int, float] = {}
         self.progress_at: float | None = None  # monotonic time the latest progress event came
         self.since = time.time()
         #: Since when (Unix time) there has been no open connection: the start, then each drop.
@@ -112,6 +112,14 @@ class Observer:
             self.connected = False
             self.dark_since = time.time()
             self._view = None
+
+    @property
+    def round(self) -> int | None:
+        return self.follower.round
+
+    @property
+    def phase(self) -> str | None:
+        return self.follower.phase
 
     @property
     def running(self) -> bool:
@@ -147,54 +155,35 @@ class Observer:
 
     def _apply(self, event: Mapping[str, Any], received: float) -> None:
         kind = event.get("type")
-        seq = event.get("seq")
-        kept = kind in _KEPT
-        if isinstance(seq, int) and kept:
-            received = self.received.setdefault(seq, received)
         item = {**event, "received": received}
-        r = event.get("round")
-        if kept:
+        if kind in _KEPT:
             events = self.events.setdefault(str(kind), [])
             events.append(item)
             if len(events) > EVENTS_KEPT:
-                for old in events[:len(events) - EVENTS_KEPT]:
-                    self.received.pop(old.get("seq"), None)  # type: ignore[arg-type]
                 del events[:len(events) - EVENTS_KEPT]
-        if kind == rendezvous.EV_ROUND and isinstance(r, int):
-            self.round, self.phase = r, rendezvous.JOINING
-        elif kind == rendezvous.EV_STARTED:
-            self.phase = rendezvous.RUNNING_PHASE
-        elif kind == rendezvous.EV_FAILURE and self.phase == rendezvous.RUNNING_PHASE:
-            self.phase = rendezvous.STOPPING
-        elif kind == rendezvous.EV_PROGRESS:
+        if kind == rendezvous.EV_PROGRESS:
             self.progress, self.progress_at = item, time.monotonic()
-        elif kind == rendezvous.EV_SUCCEEDED:
-            self.final, self.phase = item, rendezvous.FINISHED
-        elif kind == rendezvous.EV_FAILED:
-            self.final, self.phase = item, rendezvous.FAILED
+        elif kind in (rendezvous.EV_SUCCEEDED, rendezvous.EV_FAILED):
+            self.final = item
+        self._view = None
+
+    def _take(self, message: Mapping[str, Any]) -> None:
+        """A message read: the events in it not taken before (the follower decides) are kept."""
+        restarted = self.follower.restarted
+        events = self.follower.take(message)
+        if self.follower.restarted != restarted:  # a new coordinator process: its account, not ours
+            self.events, self.final, self.progress = {}, None, None
+        now = time.time()
+        for event in events:
+            self._apply(event, now)
         self._view = None
 
     def _welcome(self, message: Mapping[str, Any]) -> None:
-        """Starts over from the coordinator's own account: its state now and its history."""
-        run_id = message.get("run_id")
-        if self.run_id is not None and run_id != self.run_id:
-            raise ConnectionError(f"the coordinator at {self.address}:{self.port} is another run's "
-                                  f"({str(run_id)[:64]!r}, not this job's {self.run_id!r}); not listened to")
-        now = time.time()
-        self.events, self.final = {}, None
-        for event in message.get("history") or []:
-            if isinstance(event, Mapping):
-                self._apply(event, now)
-        r, phase = message.get("round"), message.get("phase")
-        self.round = r if isinstance(r, int) else self.round
-        self.phase = phase if isinstance(phase, str) else self.phase
-        seq = message.get("seq")
-        self.seq = seq if isinstance(seq, int) else 0
-        kept = {e.get("seq") for events in self.events.values() for e in events}
-        self.received = {k: v for k, v in self.received.items() if k in kept}
+        """Takes up the coordinator's own account again: its state now and what its history
+        holds that was missed."""
+        self._take(message)
         self.connected, self.error = True, None
         self.dark_since = None
-        self._view = None
         if self.warned is not None:
             logger.warning("SPMDJob %s: the observer reaches the coordinator at %s:%s (%s) again", self.job,
                            self.address, self.port, self.pod_name)
@@ -244,31 +233,20 @@ class Observer:
             sock = writer.get_extra_info("socket")
             if sock is not None:
                 _keepalive(sock)
-            writer.write(rendezvous.encode({"type": rendezvous.HELLO, "role": rendezvous.ROLE_OBSERVER,
-                                            "versions": list(rendezvous.VERSIONS), "token": self.token}))
+            writer.write(rendezvous.encode(self.follower.hello()))
             await writer.drain()
             first = await asyncio.wait_for(reader.readline(), CONNECT_TIMEOUT)
-            welcome = _decode(first)
-            if welcome.get("type") == rendezvous.REFUSED:
-                raise ConnectionError(f"refused by the coordinator: {welcome.get('reason')}")
-            if welcome.get("type") != rendezvous.WELCOME:
-                raise rendezvous.ProtocolError(f"expected welcome, got {welcome.get('type')!r}")
-            self._welcome(welcome)
+            self._welcome(_decode(first))
             self.wake()
             while True:
                 line = await reader.readline()
                 if not line:
                     self.error = "the coordinator closed the connection"
                     return
-                event = _decode(line)
-                seq = event.get("seq")
-                if isinstance(seq, int):
-                    if seq != self.seq + 1:
-                        raise rendezvous.ProtocolError(f"event {seq} after {self.seq}: lines were lost")
-                    self.seq = seq
-                self._apply(event, time.time())
+                self._take(_decode(line))
                 self.wake()
         finally:
+            self.follower.disconnected()
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
