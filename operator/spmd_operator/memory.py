@@ -1,8 +1,13 @@
 """Memory: what the operator holds, and when it starts afresh to give a burst's peak back.
 
-Where it sits: beside the controller, which asks :meth:`RecyclePolicy.verdict` after each trim
-that follows deleted jobs (:func:`.controller.trim_memory`) and, when it says so, stops its job
-loops and calls :func:`recycle`.
+Owns handing memory back after jobs went: a little after a job is forgotten (or the last child
+of a deleted job is deleted) the :class:`Trimmer` collects what they left and trims the C
+library's heap (:func:`trim_memory`, once however many jobs go), then asks
+:meth:`RecyclePolicy.verdict` and, when it says so, stops the controller's job loops and calls
+:func:`recycle`.
+
+Where it sits: a part of the controller (:mod:`.controller` makes the :class:`Trimmer` and
+tells it when jobs go); below it, and imports nothing of the operator's.
 
 Why: a start-up of a thousand jobs takes the operator from about 50 to 150 MiB; once they are
 deleted their objects are freed (the caches are pruned, the loops collected), yet the process
@@ -36,11 +41,15 @@ costs: one LIST per informer and a GET per remaining job, and a few seconds with
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
+import gc
 import logging
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +62,9 @@ DEFAULT_MIN_EXCESS_MIB: Final = 32
 #: The jobs left, as a share of the most held at once, at or under which a new process may start.
 JOBS_SHARE: Final = 0.25
 MIB: Final = 1 << 20
+#: Seconds after a job was forgotten before the memory freed with it is handed back to the system
+#: (once per this many seconds however many jobs go: deleting 1,000 jobs trims a few times).
+TRIM_DELAY_SECONDS: Final = 5.0
 
 
 def resident_bytes() -> int | None:
@@ -142,3 +154,87 @@ def recycle() -> None:
         for handler in logging.getLogger().handlers:
             handler.flush()
         os._exit(EXEC_FAILED_EXIT)
+
+
+def trim_memory() -> bool:
+    """Frees what the jobs that went left behind, then gives the pages the C library's allocator
+    holds free back to the system (glibc's ``malloc_trim``); False where there is no such call.
+
+    First a full collection of reference cycles: a job's cancelled loop is one (its task, the
+    CancelledError, its traceback and frames refer to one another), as is much of what kopf
+    kept for the object, and only the cycle collector frees them. Left to itself it runs its
+    oldest generation only after many new allocations, which an idle operator never makes: the
+    loops of 300 deleted jobs stayed alive for good (benchmarks/RESULTS.md, 8k). Python's small-object arenas go back
+    when they empty; the decoded API objects and buffers of a busy start-up live in the C
+    library's heap, which otherwise keeps its peak after the objects are freed."""
+    gc.collect()
+    try:
+        libc = ctypes.CDLL(None)
+        call = libc.malloc_trim
+    except (OSError, AttributeError):
+        return False
+    call.argtypes = [ctypes.c_size_t]
+    call(0)
+    return True
+
+
+class Trimmer:
+    """Hands freed memory back a little after jobs went, and starts the process afresh when the
+    policy says so.
+
+    Args:
+        policy: when the process starts afresh (None: never); :attr:`recycle` from then on.
+        jobs: how many jobs the controller knows now.
+        collecting: whether children of deleted jobs are still being deleted (or held, to be).
+        stop_loops: stops the controller's job loops (as when the Lease is lost).
+
+    Attributes:
+        start_afresh: replaces the process (:func:`recycle`) once the policy says so.
+    """
+
+    def __init__(self, policy: RecyclePolicy | None, *, jobs: Callable[[], int], collecting: Callable[[], bool],
+                 stop_loops: Callable[[], Awaitable[None]]) -> None:
+        self.recycle = policy
+        self.jobs = jobs
+        self.collecting = collecting
+        self.stop_loops = stop_loops
+        self.start_afresh: Callable[[], None] = recycle
+        self._task: asyncio.Task[None] | None = None
+
+    def jobs_seen(self, jobs: int) -> None:
+        """Records how many jobs the controller knows now (called as jobs are added)."""
+        if self.recycle is not None:
+            self.recycle.jobs_seen(jobs)
+
+    def soon(self) -> None:
+        """Hands freed memory back a little after jobs went (:func:`trim_memory`): what a start-up
+        of many jobs took is otherwise kept by the C library's allocator for good."""
+        if self._task is not None and not self._task.done():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._task = running.create_task(self._trim(), name="trim memory")
+
+    def stop(self) -> asyncio.Future[Any]:
+        """Cancels a trim waiting to run; what it returns is done once it ended."""
+        tasks = [self._task] if self._task is not None else []
+        for task in tasks:
+            task.cancel()
+        return asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _trim(self) -> None:
+        await asyncio.sleep(TRIM_DELAY_SECONDS)
+        trim_memory()
+        if self.recycle is None:
+            return
+        why = self.recycle.verdict(resident_bytes(), self.jobs(), self.collecting())
+        if why is None:
+            return
+        # What stays is fragmentation, not objects (see the module's text): only a new process is
+        # rid of it. The loops stop first, as when the Lease is lost; the Lease keeps its holder.
+        logger.warning("memory: %s; the operator starts afresh in this process to give it back "
+                       "(running jobs and their pods are not touched)", why)
+        await self.stop_loops()
+        self.start_afresh()

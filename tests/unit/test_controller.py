@@ -388,8 +388,8 @@ def test_jobs_asking_at_once_send_one_post_of_the_payload():
     c, _ = make(api)
 
     async def scenario():
-        await asyncio.gather(*(c._ensure_payload("ns") for _ in range(20)))
-        await c._ensure_payload("ns")  # after: remembered until the informer shows it
+        await asyncio.gather(*(c.payloads.ensure("ns") for _ in range(20)))
+        await c.payloads.ensure("ns")  # after: remembered until the informer shows it
 
     asyncio.run(scenario())
     assert configmap_writes(api) == [("create", PAYLOAD)]
@@ -403,10 +403,10 @@ def test_a_refused_payload_reaches_every_job_asking_and_is_tried_again():
     api.fail[("create", "configmaps")] = [quota]
 
     async def scenario():
-        results = await asyncio.gather(*(c._ensure_payload("ns") for _ in range(3)), return_exceptions=True)
+        results = await asyncio.gather(*(c.payloads.ensure("ns") for _ in range(3)), return_exceptions=True)
         assert all(isinstance(r, controller.Refused) for r in results), results
         assert results[0].refusal.kind == "ConfigMap" and "exceeded quota" in results[0].refusal.message
-        await c._ensure_payload("ns")  # the quota raised: the next pass creates it
+        await c.payloads.ensure("ns")  # the quota raised: the next pass creates it
 
     asyncio.run(scenario())
     assert configmap_writes(api) == [("create", PAYLOAD)] * 2
@@ -439,7 +439,7 @@ def test_a_payload_deleted_wakes_the_namespaces_jobs_and_is_created_again():
     loop.wake.clear()
     cm = api.objects.pop((kube.configmaps_url("ns"), PAYLOAD))
     c.configmaps._drop(cm, changed := set())
-    c._payloads_changed(changed)
+    c.payloads.changed(changed)
     assert loop.wake.is_set(), "the job's next pass runs at once"
     assert c.configmaps.sizes() == (0, 0, 0), "a deleted payload leaves no tombstone (nobody asks for it)"
     run_pass(c, loop)
@@ -479,14 +479,14 @@ def test_an_upgrade_leaves_a_running_jobs_own_older_configmap_and_pods_alone():
 def sweep(c):
     async def scenario():
         c.active = True
-        return await c.sweep_payloads()
+        return await c.payloads.sweep()
     return asyncio.run(scenario())
 
 
 def test_the_payload_is_deleted_once_the_namespace_had_no_unfinished_job_for_the_grace():
     api = FakeApi(job_body())
     c, loop = make(api)
-    c.payload_grace_seconds = 0.2
+    c.payloads.grace_seconds = 0.2
     run_pass(c, loop)
     sync_informers(c, api)
     path = f"{kube.configmaps_url('ns')}/{PAYLOAD}"
@@ -506,7 +506,7 @@ def test_a_payload_of_a_namespace_without_jobs_waits_the_grace_from_when_the_lea
     old = builders.build_worker_configmap("ns", {"worker.py": "an older operator's"})
     api.objects[(kube.configmaps_url("ns"), old["metadata"]["name"])] = old
     c, loop = make(api)
-    c.payload_grace_seconds = 0.2
+    c.payloads.grace_seconds = 0.2
     run_pass(c, loop)
     sync_informers(c, api)
     assert sweep(c) == [], "a new term: the grace starts now"
@@ -514,7 +514,7 @@ def test_a_payload_of_a_namespace_without_jobs_waits_the_grace_from_when_the_lea
     assert sweep(c) == [f"{kube.configmaps_url('other')}/{PAYLOAD}"], \
         "the job's namespace keeps both payloads (its pods may mount the older one); the other's goes"
     c.active = False
-    assert asyncio.run(c.sweep_payloads()) == [], "a standby deletes nothing"
+    assert asyncio.run(c.payloads.sweep()) == [], "a standby deletes nothing"
 
 
 def test_pods_whose_creation_waited_its_turn_are_remembered_from_the_answer(monkeypatch):
@@ -833,9 +833,9 @@ def test_jobs_checked_together_check_again_spread_over_the_second_half_of_the_pe
 
 def test_forgetting_jobs_hands_freed_memory_back_once_a_little_later(monkeypatch):
     trims = []
-    real = controller.trim_memory
-    monkeypatch.setattr(controller, "trim_memory", lambda: trims.append(asyncio.get_running_loop().time()) or True)
-    monkeypatch.setattr(controller, "TRIM_DELAY_SECONDS", 0.05)
+    real = memory.trim_memory
+    monkeypatch.setattr(memory, "trim_memory", lambda: trims.append(asyncio.get_running_loop().time()) or True)
+    monkeypatch.setattr(memory, "TRIM_DELAY_SECONDS", 0.05)
     api = FakeApi(job_body())
     c, loop = make(api)
     other = controller.JobLoop(key=("default", "other"), body=json.loads(json.dumps(api.job)))
@@ -858,7 +858,7 @@ def test_a_deleted_jobs_loop_is_freed_by_the_trim_not_kept_by_its_cycle(monkeypa
     """A cancelled loop is a reference cycle (task, CancelledError, traceback, frames): with the
     cycle collector's own runs off, as in an idle operator that allocates too little to start
     one, only the trim after the deletion frees it."""
-    monkeypatch.setattr(controller, "TRIM_DELAY_SECONDS", 0.05)
+    monkeypatch.setattr(memory, "TRIM_DELAY_SECONDS", 0.05)
     monkeypatch.setattr(controller, "COALESCE_SECONDS", 0.0)
     api = FakeApi(job_body())
     c = make(api)[0]
@@ -907,7 +907,7 @@ def test_workload_conditions_never_overwrite_a_condition_kueue_wrote_in_between(
     o = lifecycle.Observed(job=JOB, generation=1, spec=parse_job_spec({**BASE, "scheduling": KUEUE}, require_image=True),
                            status={"phase": "Succeeded"}, workload=lifecycle.WorkloadInfo(name=names.workload_name(JOB)),
                            now=NOW)
-    asyncio.run(c._finish_workload(o))
+    asyncio.run(c.workloads.finish(o))
     types = [cnd["type"] for cnd in api.objects[key]["status"]["conditions"]]
     assert "PodsReady" in types, "Kueue's condition survived our update"
     assert "Finished" in types
@@ -1055,9 +1055,9 @@ def deleted_job(c, api, *events):
             body = job_body()
             body["metadata"].update(meta)
             c.observe_job(event_type, body)
-            assert len(c._collections) <= api.concurrency, "a few deleters, not a task per child"
+            assert len(c.collector._collections) <= api.concurrency, "a few deleters, not a task per child"
             await asyncio.sleep(0)
-        await asyncio.gather(*c._collections)
+        await asyncio.gather(*c.collector._collections)
 
     asyncio.run(scenario())
     return sorted(path for verb, path, _ in api.calls[before:] if verb == "delete")
@@ -1085,15 +1085,15 @@ def test_the_children_are_deleted_by_no_more_deleters_than_the_clients_concurren
     api.concurrency = 2
     c, _ = make(api)
     assert len(deleted_job(c, api, ("DELETED", {}))) == 5
-    assert children(api) == [] and not c._doomed
+    assert children(api) == [] and not c.collector._doomed
 
 
 def test_the_memory_is_handed_back_after_the_last_child_is_deleted_not_only_after_the_forget(monkeypatch):
     """The deletions go on after the job is forgotten (a thousand jobs: a minute); the trim that
     follows the forget ran while they did, so the last deleter asks for another."""
     trims = []
-    monkeypatch.setattr(controller, "trim_memory", lambda: trims.append(len(api.calls)) or True)
-    monkeypatch.setattr(controller, "TRIM_DELAY_SECONDS", 0.0)
+    monkeypatch.setattr(memory, "trim_memory", lambda: trims.append(len(api.calls)) or True)
+    monkeypatch.setattr(memory, "TRIM_DELAY_SECONDS", 0.0)
     api = FakeApi(job_body())
     c, loop = make(api)
     run_pass(c, loop)
@@ -1109,7 +1109,7 @@ def test_the_memory_is_handed_back_after_the_last_child_is_deleted_not_only_afte
     async def scenario():
         c.active = True
         c.observe_job("DELETED", job_body())
-        await asyncio.gather(*c._collections)
+        await asyncio.gather(*c.collector._collections)
         await asyncio.sleep(0.05)
 
     asyncio.run(scenario())
@@ -1124,7 +1124,7 @@ def test_a_job_deleted_with_cascade_orphan_keeps_its_children():
     deleted = deleted_job(c, api, ("MODIFIED", {**deleting, "finalizers": ["orphan"]}), ("DELETED", deleting))
     assert deleted == [], "kubectl delete --cascade=orphan: the children stay"
     assert len([p for p in children(api) if "/pods/" in p]) == 4
-    assert c._orphaning == set(), "forgotten once the job is gone"
+    assert c.collector._orphaning == set(), "forgotten once the job is gone"
 
 
 def test_a_foreground_deletion_is_collected_once_and_another_finalizer_waits_for_the_deletion():
@@ -1134,7 +1134,7 @@ def test_a_foreground_deletion_is_collected_once_and_another_finalizer_waits_for
     deleted = deleted_job(c, api, ("MODIFIED", {**deleting, "finalizers": ["foregroundDeletion"]}),
                           ("MODIFIED", {**deleting, "finalizers": ["foregroundDeletion"]}), ("DELETED", deleting))
     assert len(deleted) == len(set(deleted)) == 5, deleted  # 4 pods and the Service: once each
-    assert c._collected == set()
+    assert c.collector._collected == set()
 
     api = FakeApi(job_body())
     c, _ = make(api)
@@ -1157,7 +1157,7 @@ def test_a_standby_replica_and_a_namesakes_children_are_left_alone():
 
     asyncio.run(standby())
     assert [v for v, _, _ in api.calls[before:] if v == "delete"] == [], "a standby replica writes nothing"
-    assert c._collections == set()
+    assert c.collector._collections == set()
 
     # A standby that saw the foreground marking, then leads when the job is gone: it collects.
     api = FakeApi(job_body())
@@ -1172,7 +1172,7 @@ def test_a_standby_replica_and_a_namesakes_children_are_left_alone():
         c.observe_job("MODIFIED", marked)
         c.active = True
         c.observe_job("DELETED", job_body())
-        await asyncio.gather(*c._collections)
+        await asyncio.gather(*c.collector._collections)
 
     asyncio.run(standby_then_leader())
     assert children(api) == [], "collected by the replica that leads at the deletion"
@@ -1189,19 +1189,19 @@ def test_a_standby_replica_and_a_namesakes_children_are_left_alone():
 
 
 def _recycle_after_forget(monkeypatch, *, doomed: bool) -> tuple[list[str], controller.Controller]:
-    monkeypatch.setattr(controller, "TRIM_DELAY_SECONDS", 0.05)
+    monkeypatch.setattr(memory, "TRIM_DELAY_SECONDS", 0.05)
     monkeypatch.setattr(controller, "COALESCE_SECONDS", 0.0)
     api = FakeApi(job_body())
     c = make(api)[0]
-    c.recycle = memory.RecyclePolicy(2.0, 0, start=1)  # any resident memory is far above a 1-byte start
-    c.recycle.jobs_seen(len(c.jobs))
+    c.trimmer.recycle = memory.RecyclePolicy(2.0, 0, start=1)  # any resident memory is far above a 1-byte start
+    c.trimmer.recycle.jobs_seen(len(c.jobs))
     calls: list[str] = []
-    c.start_afresh = lambda: calls.append("active" if c.active else "stopped")
+    c.trimmer.start_afresh = lambda: calls.append("active" if c.active else "stopped")
 
     async def scenario():
         await _lead_until_the_pods_are_posted(c, api)
         if doomed:
-            c._doomed.append((JOB.key, "/api/v1/namespaces/x/pods/y", None))
+            c.collector._doomed.append((JOB.key, "/api/v1/namespaces/x/pods/y", None))
         c.forget(JOB.key)
         await asyncio.sleep(0.3)
 
@@ -1221,10 +1221,10 @@ def test_no_new_process_while_deleted_jobs_children_are_still_being_deleted(monk
 
 
 def test_the_controller_never_starts_afresh_without_a_policy(monkeypatch):
-    monkeypatch.setattr(controller, "TRIM_DELAY_SECONDS", 0.01)
+    monkeypatch.setattr(memory, "TRIM_DELAY_SECONDS", 0.01)
     c = make(FakeApi(job_body()))[0]
-    assert c.recycle is None
-    c.start_afresh = lambda: pytest.fail("no policy: never")
+    assert c.trimmer.recycle is None
+    c.trimmer.start_afresh = lambda: pytest.fail("no policy: never")
 
     async def scenario():
         c.forget(JOB.key)
@@ -1237,12 +1237,12 @@ def test_no_new_process_while_a_deleted_jobs_pods_are_still_held_and_one_once_th
     """Pods the API server still has (terminating, or owned and awaiting the garbage collector)
     would be listed again by a new process; an orphan (no owner) stays and does not count; the
     last pod's going is what brings the new process."""
-    monkeypatch.setattr(controller, "TRIM_DELAY_SECONDS", 0.05)
+    monkeypatch.setattr(memory, "TRIM_DELAY_SECONDS", 0.05)
     c = make(FakeApi(job_body()))[0]
-    c.recycle = memory.RecyclePolicy(2.0, 0, start=1)
-    c.recycle.jobs_seen(1)
+    c.trimmer.recycle = memory.RecyclePolicy(2.0, 0, start=1)
+    c.trimmer.recycle.jobs_seen(1)
     calls: list[int] = []
-    c.start_afresh = lambda: calls.append(1)
+    c.trimmer.start_afresh = lambda: calls.append(1)
     gone = ("ns", "deleted-job")
     pod = lifecycle.pod_info({"metadata": {"name": "p0", "deletionTimestamp": "2026-12-04T00:00:00Z",
                                            "labels": {names.LABEL_JOB: "deleted-job"}}, "status": {}})
