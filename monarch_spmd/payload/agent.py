@@ -38,7 +38,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from . import follow, gang, rendezvous, timer
+from . import follow, gang, member, rendezvous, timer
 from .names import EX_TEMPFAIL
 
 _PREFIX: Final = "monarch-spmd worker"
@@ -645,20 +645,27 @@ class Agent:
         self.link: Link | None = None
         self.server: CoordinatorServer | None = None
         self.group: gang.Gang | None = None
-        self.round = settings.first_round
+        #: This member's side of the protocol (phase and round): :class:`.member.Member`.
+        self.member = member.Member(settings.first_round)
         self.received: list[int] = []
         self.parent = os.getppid()
         self.incarnation = uuid.uuid4().hex
         self.watchdog: timer.FileTimerServer | None = None
         self.run_dir: str | None = None
         self.failure_sent = False
-        self.exited_sent = False
-        self.stop_asked = False
         self.oom_base: int | None = None
         #: PID 1 of its container reaps the orphans that land on it (:func:`reap_orphans`).
         self.reaper = os.getpid() == 1
         self.reaped = 0
         self.reaped_at = 0.0
+
+    @property
+    def round(self) -> int:
+        return self.member.round
+
+    @round.setter
+    def round(self, value: int) -> None:
+        self.member.round = value
 
     # --- output ----------------------------------------------------------------------------------
 
@@ -754,26 +761,21 @@ class Agent:
         return self._exit(_Verdict(code, line, list(failed.tail)))
 
     def _serve(self) -> int:
+        """The member's loop: feeds :class:`.member.Member` what happens (a signal, the round's
+        processes gone, the coordinator's messages, its silence) and carries out what it says."""
         link = self.link
         assert link is not None
-        state = "hello"
+        machine = self.member
         while True:
-            if self.received and not self.stop_asked:
-                self.stop_asked = True
-                link.send({"type": rendezvous.LEAVE, "round": self.round, "signal": self.received[0]})
+            if self.received:
+                self._carry_out(machine.on_signal(self.received[0]))
             group = self.group
             if group is not None and not group.finished:
                 if not self._step():
                     self._end_round()
                     if self.received:
                         return self._signal_exit(group)
-                    self._send_exited()
-                    if state == "stopping":
-                        state = "joining"
-                        self.round += 1
-                        link.send({"type": rendezvous.JOIN, "round": self.round})
-                    else:
-                        state = "waiting"
+                    self._carry_out(machine.on_round_ended(self._exited_rows()))
             else:
                 if self.received:
                     return 128 + self.received[0]
@@ -782,52 +784,53 @@ class Agent:
             self._heartbeat()
             messages, link.inbox = link.inbox, []
             for message in messages:
-                kind, r = message["type"], message.get("round")
-                if kind == rendezvous.WELCOME and state == "hello":
-                    self.round = int(r)
-                    if self.round != self.s.first_round:
-                        self.say(f"joining the gang at restart {self.round}")
-                    state = "joining"
-                    link.send({"type": rendezvous.JOIN, "round": self.round})
-                elif kind == rendezvous.REFUSED:
-                    return self._give_up(f"the coordinator refused this agent: {message.get('reason')}",
-                                         rendezvous.REASON_COORDINATOR_LOST)
-                elif kind == rendezvous.GO and state == "joining" and r == self.round:
-                    state = "running"
-                    self._start_round(self.round)
-                elif kind == rendezvous.STOP and r == self.round:
-                    if state == "running" and self.group is not None and not self.group.finished:
-                        state = "stopping"
-                        if not self.received:  # a signal already told them: no second one mid-checkpoint
-                            self.group.stop()
-                    elif state in ("running", "waiting"):
-                        state = "joining"
-                        self.round += 1
-                        link.send({"type": rendezvous.JOIN, "round": self.round})
-                elif kind == rendezvous.FINISH:
-                    self._stop_and_wait()
-                    return 0
-                elif kind == rendezvous.FAIL:
-                    self._stop_and_wait()
-                    return self._exit(self._verdict(message))
+                code = self._carry_out(machine.on_message(message, procs_running=self._procs_running()))
+                if code is not None:
+                    return code
             if link.closed or time.monotonic() - link.heard > rendezvous.HEARTBEAT_TIMEOUT:
-                group = self.group
-                if self.received:
-                    if group is not None and not group.finished:
-                        self._stop_and_wait()
-                        return self._signal_exit(group)
-                    return 128 + self.received[0]
-                if state == "waiting" and self._all_succeeded():
-                    return 0
-                self._stop_and_wait()
                 where = f"{self.s.coordinator[0]}:{self.s.coordinator[1]}" if self.s.coordinator else "?"
-                return self._give_up(f"lost the coordinator at {where} (the rank-0 pod's agent)",
-                                     rendezvous.REASON_COORDINATOR_LOST)
+                lost = machine.on_link_lost(where, signalled=self.received[0] if self.received else None,
+                                            procs_running=self._procs_running(), all_succeeded=self._all_succeeded())
+                code = self._carry_out([lost])
+                assert code is not None
+                return code
+
+    def _procs_running(self) -> bool:
+        return self.group is not None and not self.group.finished
+
+    def _carry_out(self, actions: Sequence[member.Do]) -> int | None:
+        """Does what the member's state machine says; an exit code when the agent is to end."""
+        for do in actions:
+            if do.what == member.SEND:
+                assert self.link is not None
+                self.link.send(do.message)
+            elif do.what == member.SAY:
+                self.say(do.text)
+            elif do.what == member.START:
+                self._start_round(do.round)
+            elif do.what == member.STOP:
+                if self.group is not None and not self.received:  # a signal already told them: no second one
+                    self.group.stop()
+            elif do.what == member.SIGNAL_EXIT:
+                group = self.group
+                assert group is not None
+                self._stop_and_wait()
+                return self._signal_exit(group)
+            elif do.what == member.EXIT:
+                return do.code
+            else:
+                self._stop_and_wait()
+                if do.what == member.FINISH:
+                    return 0
+                if do.what == member.FAIL:
+                    return self._exit(self._verdict(do.message))
+                return self._give_up(do.text, do.reason)
+        return None
 
     # --- one round -------------------------------------------------------------------------------
 
     def _start_round(self, r: int) -> None:
-        self.failure_sent = self.exited_sent = False
+        self.failure_sent = False
         attempt_dir = None
         if self.run_dir is not None:
             attempt_dir = os.path.join(self.run_dir, f"attempt_{r}")
@@ -967,18 +970,16 @@ class Agent:
             self.watchdog.timers.clear(group.pids)
         return group
 
-    def _send_exited(self) -> None:
-        assert self.group is not None and self.link is not None
-        if self.exited_sent:
-            return
-        self.exited_sent = True
+    def _exited_rows(self) -> list[dict[str, Any]]:
+        """The round's processes as ``exited`` reports them (with the reason the agent found)."""
+        assert self.group is not None
         rows = []
         for p in self.group.procs:
             row = p.row()
             if p.reason:
                 row["reason"] = p.reason
             rows.append(row)
-        self.link.send({"type": rendezvous.EXITED, "round": self.round, "procs": rows})
+        return rows
 
     def _all_succeeded(self) -> bool:
         return self.group is not None and all(p.code == 0 for p in self.group.procs)
