@@ -11,10 +11,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# Pinned inside pyproject's `operator` extra; the synchronous kubernetes client is for the chart's
-# `helm test` pod, which runs this image.
-RUN pip install kopf==1.45.2 aiohttp==3.14.5 prometheus_client==0.26.0 pyyaml==6.0.3 \
-    kubernetes==37.0.2
+# Pinned inside pyproject's `operator` extra. No Kubernetes client library: the operator speaks
+# JSON over aiohttp, and the chart's `helm test` pod (this image) uses the standard library.
+RUN pip install kopf==1.45.2 aiohttp==3.14.5 prometheus_client==0.26.0 pyyaml==6.0.3
 
 WORKDIR /src
 COPY pyproject.toml README.md ./

@@ -138,18 +138,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the operator until it is stopped (SIGTERM/SIGINT); returns the exit code."""
-    # kopf recognises the objects of three client libraries when they happen to be installed, and
-    # imports them whole to do so (tens of MiB and a second of start-up). The operator uses none:
-    # it speaks plain JSON over kopf's aiohttp with kopf's login (handlers.login). An entry of
-    # None in sys.modules is Python's documented way to make an import fail: kopf then takes
-    # them as absent, as in the operator's image, where they are not installed. First, because
-    # parse_args already imports kopf (through the leader module's client).
-    for unused in ("kubernetes", "kubernetes_asyncio", "pykube"):
-        sys.modules.setdefault(unused, None)  # type: ignore[arg-type]
     args = parse_args(argv)
     import kopf
 
-    from . import handlers  # noqa: F401  (registers the handlers)
+    from . import handlers  # registers the handlers in its registry
     from .controller import DEFAULT_CHECK_SECONDS, DEFAULT_PAYLOAD_GRACE_SECONDS, DEFAULT_RESYNC_SECONDS
     from .kube import DEFAULT_CONCURRENCY
     from .memory import DEFAULT_FACTOR, DEFAULT_MIN_EXCESS_MIB
@@ -184,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         namespaces=args.namespace,
         liveness_endpoint=args.liveness or None,
         memo=memo,
+        registry=handlers.REGISTRY,
     )
     return 0
 

@@ -29,6 +29,15 @@ import kopf
 from . import builders, controller, kube, leader, memory, names
 from .metrics import Metrics
 
+#: The operator's handlers, in a plain :class:`kopf.OperatorRegistry`: kopf's default registry
+#: (its "smart" one, made on first use) looks for the kubernetes, kubernetes_asyncio and pykube
+#: client libraries, importing each whole, to offer their logins as fallbacks; the operator has
+#: its own login (:func:`login`) and uses none of them. Made the default here, so that ``kopf run
+#: -m spmd_operator.handlers`` finds the handlers too; ``__main__`` passes it to ``kopf.run``.
+REGISTRY: Final = kopf.OperatorRegistry()
+kopf.set_default_registry(REGISTRY)
+
+
 class _QuietEventHandlers(logging.Filter):
     """Drops kopf's "Handler 'job_event' succeeded." lines: one per job event is noise at scale."""
 
