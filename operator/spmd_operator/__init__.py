@@ -5,7 +5,8 @@ Layers, lowest first (a layer never imports a higher one; all may use ``monarch_
 
     names  ->  builders, lifecycle (pure)  ->  kube (API writes)
            ->  informer, events, errors, leader, metrics, observer (one connection), jobloop
-           ->  the controller's parts: payloads, collector, workloads, observers, memory
+           ->  the controller's parts: payloads, collector, workloads, observers, memory,
+               then view and creation (which read and create payloads)
            ->  controller  ->  handlers (kopf)  ->  __main__
 
 Start it with ``python -m spmd_operator --all-namespaces`` (see ``__main__``).

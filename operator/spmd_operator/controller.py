@@ -1,11 +1,12 @@
 """The controller: one reconcile loop per SPMDJob, fed by informers, writing through :mod:`.kube`.
 
-Where it sits: above :mod:`.lifecycle` (decides), :mod:`.builders` (builds), :mod:`.informer`
-(observes) and :mod:`.kube` (writes), and above its parts, each with one concern and wired here:
+Where it sits: above :mod:`.lifecycle` (decides), :mod:`.builders` (builds) and :mod:`.kube`
+(writes), and above its parts, each with one concern and wired here: :mod:`.view` (the informers
+and the snapshot a pass observes), :mod:`.creation` (a job's children created once each),
 :mod:`.payloads` (the namespaces' payload ConfigMaps), :mod:`.collector` (the children of deleted
 jobs), :mod:`.workloads` (Kueue's Workloads), :mod:`.observers` (the observer connections) and
 :mod:`.memory` (trimming, starting afresh); below :mod:`.handlers`, the kopf wiring that hands it
-the SPMDJobs kopf watches.
+the SPMDJobs kopf watches. What stays here is a job's loop and the writing of its plan.
 
 Design, for jobs of thousands of pods:
 
@@ -18,10 +19,7 @@ Design, for jobs of thousands of pods:
   turns between jobs and keeps a large job to a share of the writes in flight while a small
   one writes, so a small job is not queued behind a large job's thousands of pods). A
   burst of wake-ups within COALESCE_SECONDS of a pass becomes one more pass.
-* Never act on an unsynced view: a pass runs only when every informer it reads (pods, Services,
-  ConfigMaps, and the job's Workloads or PodGroups) has listed since its watch last broke; until
-  then the job waits and writes nothing. An optional API that is forbidden or not installed
-  affects only the jobs that name it (:attr:`.lifecycle.Observed.unavailable`).
+* Never act on an unsynced view, and count only the children the job owns (:mod:`.view`).
 * Resyncs cost the API server nothing: every ``resync`` seconds (default 60) a job runs a pass
   from the informers' caches; once every ``check`` seconds (default 600, spread over the period)
   and after any informer had to list again, it GETs its own object (a 404 ends the loop: the job
@@ -31,9 +29,6 @@ Design, for jobs of thousands of pods:
 * Leadership: every write passes the leader elector's fence (:mod:`.kube`); on activation every
   job is read again from the server before its first pass, and what an earlier term remembered
   (its own writes, children it created) is dropped.
-* Ownership: only children whose controller owner reference is the job's uid count. A namesake's
-  leftovers (still terminating, or orphaned by ``kubectl delete --cascade=orphan``) are neither
-  adopted nor blamed; their names never collide with ours (the uid is in every child's name).
 * Idempotence: names are deterministic, a 409 on create is checked (ours: fine; not ours: said
   in an Event), a 404 on delete is success, deletions carry the uid as a precondition, and the
   status (attempt number, phase, failure) is written before any pod is created and before any
@@ -69,18 +64,17 @@ import socket
 from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any, Final
 
-from monarch_spmd import policy
-from monarch_spmd.payload import rendezvous
-from monarch_spmd.spec import SCHEDULING_KUEUE, SpecError, parse_stored
+from monarch_spmd.spec import SpecError
 
-from . import builders, events, informer, kube, lifecycle, memory, names
+from . import builders, creation, events, kube, lifecycle, memory
 from .collector import ChildCollector
-from .errors import JobGone, Refused, refusal_of
+from .creation import Creator
+from .errors import JobGone, Refused, raise_first
 from .jobloop import JobKey, JobLoop
 from .metrics import Metrics
-from .names import JobRef
 from .observers import Observers
 from .payloads import DEFAULT_PAYLOAD_GRACE_SECONDS, Payloads
+from .view import View
 from .workloads import Workloads
 
 logger = logging.getLogger(__name__)
@@ -95,10 +89,6 @@ DEFAULT_RESYNC_SECONDS: Final = 60.0
 DEFAULT_CHECK_SECONDS: Final = 1800.0
 #: How long a pass that was not allowed to write (fenced) waits before it tries again.
 FENCED_RETRY_SECONDS: Final = 1.0
-#: How long a child this operator created is trusted to exist before the informer shows it
-#: (counted from the server's answer). A deletion the watch shows ends it at once, so one
-#: deleted before the informer ever showed it is created again without waiting this long.
-CREATED_MEMORY_SECONDS: Final = 30.0
 #: Waits after a failed pass, growing to the last one.
 ERROR_BACKOFF_SECONDS: Final = (2.0, 5.0, 15.0, 30.0, 60.0)
 #: A status patch that only moves progress (running counts, a waiting message) is written at most
@@ -113,10 +103,6 @@ PROGRESS_WRITES_PER_SECOND: Final = 5.0
 _PROGRESS_KEYS: Final = frozenset({"running", "succeeded", "failed", "message", "conditions"})
 _SETTLED_PHASES: Final = frozenset({lifecycle.SUCCEEDED, lifecycle.FAILED, lifecycle.SUSPENDED})
 COMPONENT: Final = events.COMPONENT
-#: Chart values that grant the RBAC rules of each optional API (helm/monarch-spmd/values.yaml).
-CHART_VALUES: Final = {"workloads": "gangScheduling.kueue.enabled",
-                       "scheduling.volcano.sh": "gangScheduling.volcano.enabled",
-                       "scheduling.x-k8s.io": "gangScheduling.coscheduling.enabled"}
 
 
 def only_progress(status: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
@@ -149,10 +135,11 @@ class Turns:
 
 
 class Controller:
-    """Owns the per-job loops and carries out the lifecycle's plans; wires the parts that are
-    not a job's loop: the payload ConfigMaps (:attr:`payloads`), the children of deleted jobs
-    (:attr:`collector`), Kueue's Workloads (:attr:`workloads`), the observer connections
-    (:attr:`observers`) and memory (:attr:`trimmer`).
+    """Owns the per-job loops and carries out the lifecycle's plans; wires the parts: what a pass
+    sees (:attr:`view`), the creation of a job's children (:attr:`creator`), the payload
+    ConfigMaps (:attr:`payloads`), the children of deleted jobs (:attr:`collector`), Kueue's
+    Workloads (:attr:`workloads`), the observer connections (:attr:`observers`) and memory
+    (:attr:`trimmer`).
 
     Args:
         api: the API client.
@@ -179,7 +166,6 @@ class Controller:
                  recycle: memory.RecyclePolicy | None = None,
                  isolation: tuple[str | None, Mapping[str, str]] | None = None) -> None:
         self.api = api
-        self.isolation = isolation
         self.jobs: dict[JobKey, JobLoop] = {}
         self.observers = Observers(self.jobs)
         self.metrics = metrics or Metrics(lambda: [loop.body for loop in self.jobs.values()], self.cache_sizes,
@@ -190,23 +176,16 @@ class Controller:
         self.instance = os.environ.get("POD_NAME") or socket.gethostname()
         self.events = events.EventRecorder(api, self.instance)
         ns = list(namespaces) if namespaces else None
-        self.pods: informer.Informer[lifecycle.PodInfo] = self._informer(kube.pods_url, lifecycle.pod_info, "pods", ns)
-        # Services are summarized from their metadata (lifecycle.child_info), so that is all
-        # their informer asks for; so are the payload ConfigMaps (their own part's informer).
-        self.services: informer.Informer[lifecycle.ChildInfo] = self._informer(
-            kube.services_url, lifecycle.child_info, "services", ns, metadata=True)
         self.payloads = Payloads(api, worker_files, self.jobs, namespaces=ns, grace_seconds=payload_grace_seconds,
-                                 memory_seconds=CREATED_MEMORY_SECONDS, leading=lambda: self.active,
+                                 memory_seconds=creation.CREATED_MEMORY_SECONDS, leading=lambda: self.active,
                                  on_synced=self._relisted)
-        self.configmaps = self.payloads.configmaps
-        self.informers: list[informer.Informer[Any]] = [self.pods, self.services, self.configmaps]
-        self.namespaces = ns
-        #: Informers of optional APIs (PodGroups, Kueue Workloads), started when a job first needs one.
-        self.optional: dict[tuple[str, str, str], informer.Informer[Any]] = {}
+        self.view = View(api, self.jobs, self.payloads, namespaces=ns, on_change=self._wake_all,
+                         on_synced=self._relisted)
+        self.creator = Creator(api, self.payloads, self.events, self.metrics, isolation=isolation)
         self.trimmer = memory.Trimmer(recycle, jobs=lambda: len(self.jobs), collecting=lambda: self.collector.pending(),
                                       stop_loops=self.deactivate)
-        self.collector = ChildCollector(api, self.jobs, informers=lambda: self.informers, leading=lambda: self.active,
-                                        on_idle=self.trimmer.soon)
+        self.collector = ChildCollector(api, self.jobs, informers=lambda: self.view.informers,
+                                        leading=lambda: self.active, on_idle=self.trimmer.soon)
         self.workloads = Workloads(api)
         self.progress_turns = Turns(PROGRESS_WRITES_PER_SECOND)
 
@@ -219,9 +198,7 @@ class Controller:
         no loop until the leader elector calls :meth:`activate`.
         """
         self.metrics.bind(asyncio.get_running_loop())
-        for inf in self.informers:
-            inf.start()
-        await asyncio.gather(*(inf.ready.wait() for inf in self.informers))
+        await self.view.start()
         if activate:
             self.activate()
 
@@ -253,29 +230,11 @@ class Controller:
         await self.deactivate()
         self.jobs.clear()
         await self.trimmer.stop()
-        for inf in self.informers:
-            await inf.stop()
-
-    def _informer(self, collection: Any, summarize: Any, name: str, namespaces: list[str] | None, *,
-                  metadata: bool = False) -> informer.Informer[Any]:
-        return informer.Informer(self.api, collection, summarize, namespaces=namespaces, on_change=self._wake_all,
-                                 name=name, on_synced=self._relisted, keep=lambda key: key in self.jobs,
-                                 metadata=metadata)
-
-    def optional_informer(self, api: tuple[str, str, str], summarize: Any) -> informer.Informer[Any]:
-        """The informer of an optional API (its CRD may not even exist), started on first use."""
-        inf = self.optional.get(api)
-        if inf is None:
-            group, version, plural = api
-            inf = self.optional[api] = self._informer(lambda ns, a=api: kube.custom_url(*a, ns), summarize,
-                                                      f"{plural}.{group}", self.namespaces)
-            self.informers.append(inf)
-            inf.start()
-        return inf
+        await self.view.stop()
 
     def cache_sizes(self) -> dict[str, tuple[int, int, int]]:
         """Informer name -> (jobs, objects, tombstones) it holds; "jobs" -> the controller's own."""
-        sizes = {inf.name: inf.sizes() for inf in self.informers}
+        sizes = {inf.name: inf.sizes() for inf in self.view.informers}
         sizes["controller"] = (len(self.jobs), sum(len(loop.created) for loop in self.jobs.values()),
                                self.events.known())
         return sizes
@@ -319,12 +278,8 @@ class Controller:
             loop = self.jobs.get(key)
             if loop is not None:
                 loop.wake.set()
-            elif self.trimmer.recycle is not None and not any(key in inf.store for inf in self._job_informers()):
+            elif self.trimmer.recycle is not None and not any(key in inf.store for inf in self.view.job_informers()):
                 self.trimmer.soon()  # a deleted job's last child went: its memory may go back now
-
-    def _job_informers(self) -> list[informer.Informer[Any]]:
-        """The informers whose groups are jobs (the payload ConfigMaps' are not)."""
-        return [self.pods, self.services, *self.optional.values()]
 
     def _relisted(self) -> None:
         """An informer listed (again): what happened while its watch was down may include a job's
@@ -347,7 +302,7 @@ class Controller:
     def _prune(self, key: JobKey) -> None:
         if key in self.jobs:
             return
-        for inf in self.informers:
+        for inf in self.view.informers:
             inf.forget(key)
         self.events.forget(key)
 
@@ -416,103 +371,21 @@ class Controller:
         loop.check_now = False
         loop.next_check = asyncio.get_running_loop().time() + self.check_seconds * random.uniform(0.5, 1.0)
 
-    def _unsynced(self, infs: Iterable[informer.Informer[Any]]) -> list[str]:
-        return [inf.name for inf in infs if not inf.synced]
-
-    @staticmethod
-    def _unavailable(inf: informer.Informer[Any], api: tuple[str, str, str], provider: str) -> tuple[str, str] | None:
-        """Why an optional API cannot be used, naming the RBAC rule or CRD and the chart value."""
-        error = inf.failure
-        if error is None:
-            return None
-        group, version, plural = api
-        value = CHART_VALUES.get(plural if group.startswith("kueue") else group, "")
-        if error.status == 403:
-            return ("SchedulingForbidden",
-                    f"spec.scheduling.provider {provider} needs {plural}.{group} (list, watch, create), which the "
-                    f"operator's RBAC does not grant: install the chart with {value}=true (or add the rule to its "
-                    f"ClusterRole); no pods are created until then")
-        return ("SchedulingAPIMissing",
-                f"spec.scheduling.provider {provider} needs the API {plural}.{group}/{version}, which this cluster "
-                f"does not serve (no CustomResourceDefinition): install {provider}, or choose another provider; "
-                "no pods are created until then")
-
-    def observed(self, loop: JobLoop, now: dt.datetime | None = None) -> lifecycle.Observed | None:
-        """What a pass of ``loop`` sees: its job and the children it owns; None while an informer
-        the pass needs has not listed (since its watch last broke): nothing is decided then.
-
-        Opens and closes nothing: what the job's observer connection heard (``coordinator``) is
-        added by the pass's own step, :meth:`.observers.Observers.tend`. (An optional API's
-        informer is started the first time a job needs it.)"""
-        if self._unsynced(self.informers[:3]):
-            return None
-        body = loop.body
-        meta = body.get("metadata") or {}
-        job = JobRef.from_body(body)
-        outdated: tuple[SpecError, ...] = ()
-        try:
-            spec, outdated = parse_stored(body.get("spec") or {})
-        except SpecError as e:
-            spec = e
-        configmap = lifecycle.CONFIGMAP_CURRENT if self.payloads.present(job.namespace) else lifecycle.CONFIGMAP_MISSING
-        podgroups: tuple[lifecycle.ChildInfo, ...] = ()
-        workload = None
-        unavailable = None
-        if not isinstance(spec, SpecError):
-            provider = spec.scheduling_provider
-            group_api = builders.PODGROUP_APIS.get(provider)
-            if group_api is not None:
-                inf = self.optional_informer(group_api, lifecycle.child_info)
-                unavailable = self._unavailable(inf, group_api, provider)
-                if unavailable is None and not inf.synced:
-                    return None
-                podgroups = tuple(inf.get(job.key, job.uid))
-            if provider == SCHEDULING_KUEUE:
-                inf = self.optional_informer(builders.KUEUE_WORKLOAD, lifecycle.workload_info)
-                unavailable = self._unavailable(inf, builders.KUEUE_WORKLOAD, provider)
-                if unavailable is None and not inf.synced:
-                    return None
-                found = inf.get(job.key, job.uid)
-                workload = found[0] if found else None
-        pods = tuple(self.pods.get(job.key, job.uid))
-        return lifecycle.Observed(
-            job=job,
-            generation=meta.get("generation"),
-            spec=spec,
-            status=body.get("status") or {},
-            pods=pods,
-            gone=tuple(self.pods.gone(job.key, job.uid)),
-            services=tuple(self.services.get(job.key, job.uid)),
-            configmap=configmap,
-            podgroups=podgroups,
-            workload=workload,
-            rejection=loop.rejection,
-            outdated=outdated,
-            unavailable=unavailable,
-            now=now or dt.datetime.now(dt.timezone.utc),
-        )
-
     async def reconcile_once(self, loop: JobLoop, now: dt.datetime | None = None) -> float | None:
-        """One pass over job ``loop``: observe, decide, then write.
+        """One pass over job ``loop``: observe (the view's snapshot, then the job's observer
+        connection tended, in steps of their own), decide, then write.
 
         Returns:
             Seconds until a time-based transition (deadline, TTL, replacement timeout), or None.
         """
         if (loop.body.get("metadata") or {}).get("deletionTimestamp"):
             raise JobGone("it is being deleted")
-        o = self.observed(loop, now)
+        o = self.view.observed(loop, now)
         if o is None:
             return 1.0  # an informer is (re-)listing; its completion wakes every job too
         if not isinstance(o.spec, SpecError):  # restart in place: what the observer connection heard
             o = dataclasses.replace(o, coordinator=self.observers.tend(loop, o))
-        if loop.created:
-            # What the watches show needs no memory of having been created, and what they saw
-            # deleted since may be created again at once.
-            for child in (*o.pods, *o.services, *o.podgroups):
-                loop.created.pop(child.name, None)
-            for name, when in list(loop.created.items()):
-                if any((inf.deleted_at(loop.key, name) or 0.0) > when for inf in self.informers):
-                    del loop.created[name]
+        self.creator.shown(loop, o, self.view.informers)
         plan = lifecycle.reconcile(o)
         if plan.pods_lost and plan.status and await self._namespace_terminating(o.job.namespace):
             raise JobGone(f"namespace {o.job.namespace} is being deleted")
@@ -552,7 +425,7 @@ class Controller:
         # deletions.
         children = None
         if not deletes and not isinstance(spec, SpecError):
-            children = asyncio.ensure_future(self._create_children(loop, o, plan, group_api))
+            children = asyncio.ensure_future(self.creator.children(loop, o, plan, group_api))
         try:
             await self._events_and_status(loop, o, plan, clock)
         except BaseException:
@@ -577,13 +450,13 @@ class Controller:
         ])
         if isinstance(spec, SpecError):
             return deferred
-        results = await (children if children is not None else self._create_children(loop, o, plan, group_api))
+        results = await (children if children is not None else self.creator.children(loop, o, plan, group_api))
         rejected = next((r.refusal for r in results if isinstance(r, Refused)), None)
         if rejected is None:
-            self._raise_first(results)
+            raise_first(results)
             creates = plan.create or plan.replace
             flavors = await self.workloads.flavors(o) if creates and o.workload is not None else []
-            rejected = await self._create_pods(loop, job, spec, plan, flavors, o.pods) if creates else None
+            rejected = await self.creator.pods(loop, job, spec, plan, flavors, o.pods) if creates else None
         if rejected is not None:
             # Refused by the API server (no pod goes without its Service and ConfigMap): the next
             # pass says why (lifecycle.refusal) or fails an invalid spec (lifecycle.admission).
@@ -629,152 +502,6 @@ class Controller:
         loop.progress_turn = None  # written (a transition takes the waiting counts with it)
         self.metrics.transition(o.status, plan.status, (loop.body.get("metadata") or {}).get("creationTimestamp"), o.now)
 
-    async def _create_children(self, loop: JobLoop, o: lifecycle.Observed, plan: lifecycle.Plan,
-                               group_api: tuple[str, str, str] | None) -> list[Any]:
-        """The plan's ConfigMap, Service, PodGroup and Workload, concurrently; each one's result
-        or exception."""
-        job, spec, ns = o.job, o.spec, o.job.namespace
-        self._forget_old_creations(loop)
-        writes: list[Awaitable[Any]] = []
-        if plan.configmap:
-            writes.append(self.payloads.ensure(ns))
-        if plan.service is not None:
-            writes.append(self._ensure(loop, kube.services_url(ns), builders.build_service(job, spec, plan.service), job))
-        if plan.podgroup is not None and group_api is not None:
-            writes.append(self._ensure(loop, kube.custom_url(*group_api, ns), builders.build_podgroup(job, spec, plan.podgroup), job))
-        if plan.workload:
-            writes.append(self._ensure(loop, kube.custom_url(*builders.KUEUE_WORKLOAD, ns), builders.build_workload(job, spec), job))
-        if self.isolation is not None and (plan.create or plan.replace):
-            # Before the pods (they wait for these writes): no pod of the job runs unisolated. One
-            # per job, so a later attempt's creation finds it (409, checked to be the job's own).
-            isolation = builders.build_network_policy(job, spec, *self.isolation)
-            if isolation is not None:
-                writes.append(self._ensure(loop, kube.custom_url(*builders.NETWORK_POLICY_API, ns), isolation, job))
-        if writes or plan.create or plan.replace:
-            loop.rejection = None  # tried again: the next pass sees only what this one is refused
-        return await asyncio.gather(*writes, return_exceptions=True)
-
-    def _forget_old_creations(self, loop: JobLoop) -> None:
-        clock = asyncio.get_running_loop().time()
-        loop.created = {n: t for n, t in loop.created.items() if clock - t < CREATED_MEMORY_SECONDS}
-
-    async def _ensure(self, loop: JobLoop, collection: str, body: dict[str, Any], job: JobRef) -> dict[str, Any] | None:
-        """Creates a child unless this loop did within CREATED_MEMORY_SECONDS.
-
-        Returns:
-            None if it was created now or remembered; if its name was taken, the holder's
-            metadata once it is known to be ours (a stranger's is an error).
-        """
-        name = body["metadata"]["name"]
-        when = loop.created.get(name)
-        if when is not None and asyncio.get_running_loop().time() - when < CREATED_MEMORY_SECONDS:
-            return None
-        try:
-            created = await self.api.create(collection, body, keep=False, owner=loop.key) is not None
-        except kube.KubeError as e:
-            refusal = refusal_of(e, body)
-            if refusal is not None:
-                raise Refused(refusal) from e
-            raise
-        existing = None
-        if not created:
-            existing = await self.api.get(f"{collection}/{name}", metadata=True)
-            if existing is not None and names.owner_uid(existing) != job.uid:
-                raise kube.KubeError(409, f"{body['kind']} {name} exists and belongs to another object; "
-                                     "delete it so the job can create its own", path=collection)
-        loop.created[name] = asyncio.get_running_loop().time()
-        return existing
-
-    @staticmethod
-    def _attempt_token(loop: JobLoop, spec: Any, restart: int, pods: Iterable[lifecycle.PodInfo]) -> str | None:
-        """The agent token of attempt ``restart``'s pods: the one its pods already carry (created
-        by this process or an earlier one), else a new one; None without restart in place."""
-        if policy.agent_port(spec) is None:
-            return None
-        for old in [r for r in loop.tokens if r < restart]:
-            del loop.tokens[old]
-        carried = next((p.agent_token for p in pods if p.restart == restart and p.agent_token), None)
-        if carried is not None:
-            loop.tokens[restart] = carried
-        return loop.tokens.setdefault(restart, rendezvous.new_token())
-
-    async def _create_pods(self, loop: JobLoop, job: JobRef, spec: Any, plan: lifecycle.Plan,
-                           flavors: list[dict[str, Any]],
-                           pods: Iterable[lifecycle.PodInfo] = ()) -> lifecycle.Refusal | None:
-        """Creates the plan's pods concurrently.
-
-        Returns:
-            The API server's refusal of the lowest-ranked pod it refused (400, 403, 422), else None.
-        """
-        ns = job.namespace
-        wanted = [(r, 0) for r in plan.create] + list(plan.replace)
-        ranks = [(r, n) for r, n in wanted if names.pod_name(job, plan.restart, r, n) not in loop.created]
-        # A pod is built only when its request may go: thousands of pod bodies never sit in memory
-        # at once, and the server's answer (the pod again) is not decoded.
-        gate = asyncio.Semaphore(self.api.concurrency)
-        token = self._attempt_token(loop, spec, plan.restart, pods) if ranks else None
-
-        async def create(rank: int, replacement: int) -> Any:
-            async with gate:
-                pod = builders.build_pod(job, spec, rank, plan.restart, replacement=replacement,
-                                         restart_count=plan.replace_round if replacement else None,
-                                         disruptions=plan.disruptions, payload=self.payloads.name, token=token,
-                                         avoid_nodes=plan.avoid_nodes)
-                builders.place_on_flavors(pod, flavors)
-                return await self.api.create(kube.pods_url(ns), pod, keep=False, owner=loop.key)
-
-        results = await asyncio.gather(*(create(r, n) for r, n in ranks), return_exceptions=True)
-        # Remembered from the answers, not from when the pass began: under load a pod's request
-        # may wait its turn among other jobs' writes for longer than the memory lasts.
-        clock = asyncio.get_running_loop().time()
-        taken: list[str] = []
-        refused: lifecycle.Refusal | None = None
-        for i, ((rank, replacement), result) in enumerate(zip(ranks, results)):
-            name = names.pod_name(job, plan.restart, rank, replacement)
-            refusal = refusal_of(result, {"kind": "Pod", "metadata": {"name": name}}, rank)
-            if refusal is not None:
-                refused = refused or refusal
-                results[i] = None  # said in the next pass, not raised
-                continue
-            if result is None:
-                taken.append(name)
-            if not isinstance(result, BaseException):
-                loop.created[name] = clock
-                if result is not None:
-                    self.metrics.pods_created.inc()
-                    if replacement:
-                        self.metrics.pods_replaced.inc()
-        if taken:
-            await self._check_taken(loop, job, taken)
-        self._raise_first(results)
-        return refused
-
-    async def _check_taken(self, loop: JobLoop, job: JobRef, taken: list[str]) -> None:
-        """Pods whose names were taken: ours (created by an earlier pass) or, rarely, a stranger's."""
-        existing = await asyncio.gather(*(self.api.get(kube.pods_url(job.namespace, n), metadata=True) for n in taken))
-        strangers = [n for n, body in zip(taken, existing) if body is not None and names.owner_uid(body) != job.uid]
-        new = [n for n in strangers if n not in loop.foreign_reported]
-        if new:
-            loop.foreign_reported.update(new)
-            await self.events.record(loop.body, [lifecycle.Event(
-                lifecycle.EVENT_WARNING, "NameTaken",
-                f"{len(new)} pod name(s) are held by objects this job does not own (e.g. {new[0]}); "
-                "they are not counted; the job waits until they are gone")])
-        for n in strangers:
-            loop.created.pop(n, None)
-
     async def _all(self, writes: Iterable[Awaitable[Any]]) -> None:
         """Runs writes concurrently; logs every failure and raises the first."""
-        results = await asyncio.gather(*writes, return_exceptions=True)
-        self._raise_first(results)
-
-    @staticmethod
-    def _raise_first(results: Iterable[Any]) -> None:
-        errors = [r for r in results if isinstance(r, BaseException)]
-        for e in errors[1:]:
-            logger.warning("a concurrent write also failed: %s", e)
-        if errors:
-            gone = [e for e in errors if isinstance(e, kube.KubeError) and e.namespace_terminating]
-            if gone:
-                raise JobGone("its namespace is being deleted") from gone[0]
-            raise errors[0]
+        raise_first(await asyncio.gather(*writes, return_exceptions=True))

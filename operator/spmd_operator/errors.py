@@ -1,17 +1,21 @@
-"""What a job's writes end in: the job gone, or a child the API server refused to create.
+"""What a job's writes end in: the job gone, a child the API server refused to create, or the
+first of several concurrent writes' failures.
 
 Where it sits: above :mod:`.kube` (whose errors it reads) and :mod:`.lifecycle` (whose
 :class:`~.lifecycle.Refusal` a refusal becomes), below the controller and its parts
-(:mod:`.payloads`), which raise these and which the job's loop catches.
+(:mod:`.payloads`, :mod:`.creation`), which raise these and which the job's loop catches.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+import logging
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from . import kube, lifecycle
+
+logger = logging.getLogger(__name__)
 
 
 class JobGone(Exception):
@@ -37,3 +41,16 @@ def refusal_of(error: object, body: Mapping[str, Any], index: int | None = None)
         kind=str(body.get("kind") or ""), name=str((body.get("metadata") or {}).get("name") or ""),
         code=error.status, reason=error.reason, message=error.message,
         at=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"), index=index)
+
+
+def raise_first(results: Iterable[Any]) -> None:
+    """Of concurrent writes' results: logs every failure after the first and raises the first
+    (:class:`JobGone` when one says the namespace is being deleted)."""
+    errors = [r for r in results if isinstance(r, BaseException)]
+    for e in errors[1:]:
+        logger.warning("a concurrent write also failed: %s", e)
+    if errors:
+        gone = [e for e in errors if isinstance(e, kube.KubeError) and e.namespace_terminating]
+        if gone:
+            raise JobGone("its namespace is being deleted") from gone[0]
+        raise errors[0]

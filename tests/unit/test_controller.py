@@ -20,7 +20,7 @@ import weakref
 import pytest
 
 from monarch_spmd.spec import parse_job_spec
-from spmd_operator import builders, controller, kube, lifecycle, memory, names
+from spmd_operator import builders, controller, creation, kube, lifecycle, memory, names
 
 from .lifecycle.helpers import BASE, JOB, NOW, cond, merge
 
@@ -161,7 +161,7 @@ def make(api, *, synced=True):
     loop = controller.JobLoop(key=JOB.key, body=json.loads(json.dumps(api.job)))
     c.jobs[JOB.key] = loop
     if synced:
-        for inf in c.informers:
+        for inf in c.view.informers:
             listed(inf)
     return c, loop
 
@@ -185,7 +185,8 @@ def listed(inf):
 def sync_informers(c, api):
     """What the watches would deliver: every stored pod, Service and ConfigMap."""
     for (path, _), obj in list(api.objects.items()):
-        target = {"pods": c.pods, "services": c.services, "configmaps": c.configmaps}.get(path.rsplit("/", 1)[-1])
+        target = {"pods": c.view.pods, "services": c.view.services,
+                  "configmaps": c.payloads.configmaps}.get(path.rsplit("/", 1)[-1])
         if target is not None:
             target._put(obj, set())
 
@@ -274,9 +275,9 @@ def test_a_name_held_by_another_jobs_pod_is_reported_not_adopted():
     run_pass(c, loop)
     assert ("Warning", "NameTaken") in api.events()
     sync_informers(c, api)
-    counted = [p.name for p in c.pods.get(JOB.key, JOB.uid)]
+    counted = [p.name for p in c.view.pods.get(JOB.key, JOB.uid)]
     assert stranger["metadata"]["name"] not in counted, "a pod owned by another uid is never counted"
-    assert c.pods.foreign(JOB.key, JOB.uid) == [stranger["metadata"]["name"]]
+    assert c.view.pods.foreign(JOB.key, JOB.uid) == [stranger["metadata"]["name"]]
 
 
 def test_a_refused_pod_fails_the_job_in_the_next_pass_with_one_patch_each():
@@ -329,7 +330,7 @@ def test_every_failure_of_concurrent_writes_is_logged_and_the_first_raised(caplo
     api = FakeApi(job_body())
     api.fail[("create", "pods")] = [kube.KubeError(500, f"boom {i}") for i in range(4)]
     c, loop = make(api)
-    with caplog.at_level(logging.WARNING, logger="spmd_operator.controller"):
+    with caplog.at_level(logging.WARNING, logger="spmd_operator.errors"):
         with pytest.raises(kube.KubeError, match="boom 0"):
             run_pass(c, loop)
     logged = [r.getMessage() for r in caplog.records]
@@ -343,13 +344,13 @@ def test_a_job_whose_namespace_is_being_deleted_stops_quietly():
     run_pass(c, loop)
     sync_informers(c, api)
     for r in range(4):  # every pod runs; then the namespace goes and takes the pods with it
-        c.pods._put({**api.objects[(kube.pods_url("ns"), names.pod_name(JOB, 0, r))],
+        c.view.pods._put({**api.objects[(kube.pods_url("ns"), names.pod_name(JOB, 0, r))],
                      "status": {"phase": "Running"}}, set())
     run_pass(c, loop)
     assert api.job["status"]["phase"] == "Running"
     before = len(api.calls)
     api.namespace = {"metadata": {"name": "ns", "deletionTimestamp": "2026-01-01T12:00:00Z"}}
-    c.pods._drop({"metadata": {"namespace": "ns", "name": names.pod_name(JOB, 0, 1), "labels": {names.LABEL_JOB: JOB.name}}}, set())
+    c.view.pods._drop({"metadata": {"namespace": "ns", "name": names.pod_name(JOB, 0, 1), "labels": {names.LABEL_JOB: JOB.name}}}, set())
     with pytest.raises(controller.JobGone):
         run_pass(c, loop)
     assert [verb for verb, _, _ in api.calls[before:]] == ["get"], "nothing written: no restart, no Warning"
@@ -438,10 +439,10 @@ def test_a_payload_deleted_wakes_the_namespaces_jobs_and_is_created_again():
     run_pass(c, loop)
     loop.wake.clear()
     cm = api.objects.pop((kube.configmaps_url("ns"), PAYLOAD))
-    c.configmaps._drop(cm, changed := set())
+    c.payloads.configmaps._drop(cm, changed := set())
     c.payloads.changed(changed)
     assert loop.wake.is_set(), "the job's next pass runs at once"
-    assert c.configmaps.sizes() == (0, 0, 0), "a deleted payload leaves no tombstone (nobody asks for it)"
+    assert c.payloads.configmaps.sizes() == (0, 0, 0), "a deleted payload leaves no tombstone (nobody asks for it)"
     run_pass(c, loop)
     assert configmap_writes(api) == [("create", PAYLOAD)] * 2
 
@@ -518,7 +519,7 @@ def test_a_payload_of_a_namespace_without_jobs_waits_the_grace_from_when_the_lea
 
 
 def test_pods_whose_creation_waited_its_turn_are_remembered_from_the_answer(monkeypatch):
-    monkeypatch.setattr(controller, "CREATED_MEMORY_SECONDS", 0.2)
+    monkeypatch.setattr(creation, "CREATED_MEMORY_SECONDS", 0.2)
     api = FakeApi(job_body())
     create = api.create
 
@@ -579,14 +580,14 @@ def test_progress_only_status_is_written_at_most_every_few_seconds_transitions_a
     sync_informers(c, api)
     run_pass(c, loop)  # the pods exist, Pending: the first status said so already
     pods = [o for (p, _), o in api.objects.items() if p.endswith("/pods")]
-    c.pods._put({**pods[0], "status": {"phase": "Running"}}, set())
+    c.view.pods._put({**pods[0], "status": {"phase": "Running"}}, set())
     patches = lambda: [v for v, path, _ in api.calls if path.endswith("/status")]
     before = len(patches())
     delay = asyncio.run(c.reconcile_once(loop, now=NOW))
     assert len(patches()) == before, "1/4 running is progress: not written within PROGRESS_SECONDS"
     assert 0 < delay <= controller.PROGRESS_SECONDS
     for pod in pods:
-        c.pods._put({**pod, "status": {"phase": "Running"}}, set())
+        c.view.pods._put({**pod, "status": {"phase": "Running"}}, set())
     run_pass(c, loop)
     assert len(patches()) == before + 1 and api.job["status"]["phase"] == "Running", "a transition is written at once"
 
@@ -612,7 +613,7 @@ def test_progress_waits_for_its_turn_among_every_jobs_progress_but_a_transition_
 
     async def progress_pass(running: int) -> float | None:
         for pod in pods[:running]:
-            c.pods._put({**pod, "status": {"phase": "Running"}}, set())
+            c.view.pods._put({**pod, "status": {"phase": "Running"}}, set())
         now = asyncio.get_running_loop().time()
         loop.status_written = now - controller.PROGRESS_SECONDS - 1  # this job's own wait is over
         c.progress_turns.next = now + 40 / controller.PROGRESS_WRITES_PER_SECOND  # 40 jobs' turns ahead
@@ -695,7 +696,7 @@ def test_a_restarted_operator_touches_no_pod_of_an_admitted_kueue_job_before_the
         assert deletions(api) == [] and status_patches(api) == [], "nothing decided on an empty store"
         await asyncio.sleep(0.05)  # the Workload informer lists
         await c.reconcile_once(loop, now=NOW)
-        for inf in c.informers:
+        for inf in c.view.informers:
             await inf.stop()
 
     asyncio.run(scenario())
@@ -714,7 +715,7 @@ def test_pods_are_kept_when_the_job_has_no_workload_yet_and_the_workload_is_crea
         await c.reconcile_once(loop, now=NOW)
         await asyncio.sleep(0.05)
         await c.reconcile_once(loop, now=NOW)
-        for inf in c.informers:
+        for inf in c.view.informers:
             await inf.stop()
 
     asyncio.run(scenario())
@@ -733,7 +734,7 @@ def test_a_workload_that_exists_and_is_not_admitted_holds_the_job():
         await c.reconcile_once(loop, now=NOW)
         await asyncio.sleep(0.05)
         await c.reconcile_once(loop, now=NOW)
-        for inf in c.informers:
+        for inf in c.view.informers:
             await inf.stop()
 
     asyncio.run(scenario())
@@ -753,7 +754,7 @@ def test_a_forbidden_workload_api_blocks_only_its_job_and_says_why():
         await asyncio.sleep(0.05)
         await c.reconcile_once(loop, now=NOW)
         await c.reconcile_once(loop, now=NOW)
-        for inf in c.informers:
+        for inf in c.view.informers:
             await inf.stop()
 
     asyncio.run(scenario())
@@ -775,7 +776,7 @@ def test_a_missing_podgroup_crd_blocks_only_its_job_and_says_why():
         await c.reconcile_once(loop, now=NOW)
         await asyncio.sleep(0.05)
         await c.reconcile_once(loop, now=NOW)
-        for inf in c.informers:
+        for inf in c.view.informers:
             await inf.stop()
 
     asyncio.run(scenario())
@@ -1249,12 +1250,12 @@ def test_no_new_process_while_a_deleted_jobs_pods_are_still_held_and_one_once_th
     orphan = lifecycle.pod_info({"metadata": {"name": "o0", "labels": {names.LABEL_JOB: "old"}}, "status": {}})
 
     async def scenario():
-        c.pods.store[gone] = {"p0": ("uid-of-the-deleted-job", pod)}
-        c.pods.store[("ns", "old")] = {"o0": (None, orphan)}
+        c.view.pods.store[gone] = {"p0": ("uid-of-the-deleted-job", pod)}
+        c.view.pods.store[("ns", "old")] = {"o0": (None, orphan)}
         c.forget(JOB.key)
         await asyncio.sleep(0.2)
         seen = list(calls)
-        del c.pods.store[gone]  # what the informer does when the watch says the pod is gone
+        del c.view.pods.store[gone]  # what the informer does when the watch says the pod is gone
         c._wake_all({gone})
         await asyncio.sleep(0.2)
         return seen
@@ -1325,7 +1326,7 @@ def test_a_status_patch_never_reaches_a_namesake():
 def test_with_isolation_the_jobs_network_policy_is_created_with_its_first_pods_and_never_without():
     api = SlowApi(job_body())
     c, loop = make(api)
-    c.isolation = ("monarch-spmd", {"app.kubernetes.io/name": "monarch-spmd"})
+    c.creator.isolation = ("monarch-spmd", {"app.kubernetes.io/name": "monarch-spmd"})
     run_pass(c, loop)
     policies = [(p, n) for verb, p, n in api.calls if verb == "create" and p.endswith("/networkpolicies")]
     assert policies == [("/apis/networking.k8s.io/v1/namespaces/ns/networkpolicies", names.network_policy_name(JOB))]
@@ -1348,7 +1349,7 @@ def test_a_network_policy_the_server_refuses_holds_the_pods_back_and_is_named():
         403, 'networkpolicies.networking.k8s.io is forbidden: User "system:serviceaccount:ops:spmd" cannot create '
              'resource "networkpolicies" in API group "networking.k8s.io" in the namespace "ns"', reason="Forbidden")]
     c, loop = make(api)
-    c.isolation = ("ops", {})
+    c.creator.isolation = ("ops", {})
     run_pass(c, loop)
     assert api.posted("pods") == [], "no pod runs before its job is isolated"
     assert loop.rejection is not None and loop.rejection.kind == "NetworkPolicy"

@@ -378,7 +378,7 @@ def test_a_lost_pod_is_created_again_alone_with_the_gangs_master_and_the_open_ro
         for m in range(3):
             gang.act("exited", m, 0, [{"rank": m, "exit_code": 143, "stopped": True}])
             gang.act("join", m, 1)
-        c.pods._put(pod, {JOB.key})
+        c.view.pods._put(pod, {JOB.key})
         loop.wake.set()
         replacement = names.pod_name(JOB, 0, 3, 1)
         await until(lambda: replacement in api.posted("pods"), what="the replacement")
@@ -438,9 +438,9 @@ def test_each_attempt_gets_a_token_of_its_own_and_a_resumed_attempt_keeps_the_on
     api = FakeApi(running_job())
     c, loop = make(api)
     spec = parse_job_spec(BASE, require_image=True)
-    first = c._attempt_token(loop, spec, 0, [])
-    assert first and c._attempt_token(loop, spec, 0, []) == first, "one token for every pod of the attempt"
-    second = c._attempt_token(loop, spec, 1, [])
+    first = c.creator._attempt_token(loop, spec, 0, [])
+    assert first and c.creator._attempt_token(loop, spec, 0, []) == first, "one token for every pod of the attempt"
+    second = c.creator._attempt_token(loop, spec, 1, [])
     assert second != first and 0 not in loop.tokens, "a new attempt: a new token; the old one is forgotten"
     # Another operator process (after a restart or failover) that finds pods of the attempt takes
     # their token, so the pods it still creates join the same coordinator.
@@ -448,7 +448,7 @@ def test_each_attempt_gets_a_token_of_its_own_and_a_resumed_attempt_keeps_the_on
     pod = builders.build_pod(JOB, spec, 0, 1, token=second)
     info = lifecycle.pod_info(pod)
     assert info.agent_token == second and second not in repr(info)
-    assert other._attempt_token(loop2, spec, 1, [info]) == second
+    assert other.creator._attempt_token(loop2, spec, 1, [info]) == second
     recreate = parse_job_spec({**BASE, "restartPolicy": {"mode": "RecreatePods"}}, require_image=True)
-    assert c._attempt_token(loop, recreate, 2, []) is None
+    assert c.creator._attempt_token(loop, recreate, 2, []) is None
     assert "MONARCH_SPMD_AGENT_TOKEN" not in json.dumps(builders.build_pod(JOB, recreate, 0, 0, token="x" * 43))
