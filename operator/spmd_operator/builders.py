@@ -179,7 +179,7 @@ def build_worker_configmap(namespace: str, files: Mapping[str, str]) -> dict[str
     would each have written to etcd and sent through the API server (160 MB). It is immutable
     (the kubelets need not watch it; a new payload is a new name, so an upgraded operator's pods
     mount the new one while the running pods keep theirs) and has no owner: the operator deletes
-    it once no unfinished job of the namespace is left (:meth:`Controller.sweep_payloads`).
+    it once no unfinished job of the namespace is left (:meth:`.payloads.Payloads.sweep`).
 
     Args:
         namespace: the jobs' namespace.

@@ -1,7 +1,8 @@
 """Informers: one labelled list+watch per kind of child, kept as small summaries in memory.
 
-Where it sits: above :mod:`spmd_operator.kube`, below :mod:`spmd_operator.controller`, which
-reads the stores on every pass and is woken (``on_change``) for each job whose children changed.
+Where it sits: above :mod:`spmd_operator.kube`, below the controller's parts that make them
+(:mod:`spmd_operator.view`, :mod:`spmd_operator.payloads`), whose stores every pass reads, and the
+controller, which is woken (``on_change``) for each job whose children changed.
 
 An informer lists the collection with the server-side label selector ``spmd.monarch.dev/job``
 (only the operator's children cross the wire), then watches from the list's resourceVersion.

@@ -1,10 +1,10 @@
 """The operator's observer connection to a gang's restart-in-place coordinator: it listens, never writes.
 
-Where it sits: beside the controller, which starts one per job whose gang restarts in place
-(restartPolicy.mode InPlace) once the gang's rank-0 pod runs, stops it when that pod goes, the
-gang is recreated, the job ends or is suspended or deleted, or this replica stops leading, and
-hands what it heard to the lifecycle as a :class:`.lifecycle.CoordinatorView`. Above
-:mod:`monarch_spmd.payload.rendezvous` (the protocol's names and line framing) and
+Where it sits: below the controller's :mod:`.observers`, which starts one per job whose gang
+restarts in place (restartPolicy.mode InPlace) once the gang's rank-0 pod runs, stops it when
+that pod goes, the gang is recreated, the job ends or is suspended or deleted, or this replica
+stops leading, and hands what it heard to the lifecycle as a :class:`.lifecycle.CoordinatorView`.
+Above :mod:`monarch_spmd.payload.rendezvous` (the protocol's names and line framing) and
 :mod:`.lifecycle.model`; no Kubernetes API here at all.
 
 The protocol is docs/restart-in-place.md's observer protocol, version 1: connect to the rank-0
