@@ -8,8 +8,8 @@ Workload itself is created like any other child of the job, by the controller's 
 
 Where it sits: a part of the controller (:mod:`.controller` calls it when a plan says
 ``finish_workload``, ``release_workload`` or creates pods of an admitted job); above
-:mod:`.kube` (writes) and :mod:`.lifecycle` (the observed Workload), below nothing but the
-controller. No background work: each call is one pass's.
+:mod:`.kube` (writes), :mod:`.builders` (the API's names) and :mod:`.lifecycle` (the observed
+Workload). No background work: each call is one pass's.
 """
 
 from __future__ import annotations
