@@ -99,6 +99,17 @@ class Gang:
             self.start(i)
         return self
 
+    def observed(self) -> Events:
+        """Starts the gang with an observer connected before any member but the coordinator's
+        runs: a gang that fails at once ends its coordinator, so an observer that connected only
+        after that would hear nothing. Returns the observer (welcomed)."""
+        self.start(0)
+        events = Events(self.agent_port, self.token)
+        events.wait(rendezvous.WELCOME, timeout=60)
+        for i in range(1, self.pods):
+            self.start(i)
+        return events
+
 
 def pids_of(text: str, pattern: str) -> set[int]:
     return {int(p) for p in re.findall(pattern, text)}
@@ -107,8 +118,8 @@ def pids_of(text: str, pattern: str) -> set[int]:
 def test_a_failed_rank_restarts_the_gang_in_place_and_training_resumes_over_gloo(spawn, tmp_path):
     gang = Gang(spawn, "hosts=2,gpus=2", ["-m", f"{PROGRAMS}.resume_training", "--checkpoint-dir", str(tmp_path),
                                          "--steps", "4", "--fail-rank", "3", "--fail-step", "2"],
-                layout="PerHost", MONARCH_SPMD_MAX_RESTARTS="2").start_all()
-    events = Events(gang.agent_port, gang.token)
+                layout="PerHost", MONARCH_SPMD_MAX_RESTARTS="2")
+    events = gang.observed()
     try:
         codes = [w.finish(180) for w in gang.workers.values()]
         text = "".join(w.text for w in gang.workers.values())
@@ -155,8 +166,8 @@ def test_no_process_of_a_new_round_starts_before_every_old_one_is_gone(spawn, tm
 def test_a_lost_worker_is_replaced_alone_and_the_others_wait_for_it(spawn, tmp_path):
     gang = Gang(spawn, "hosts=3", ["-m", f"{PROGRAMS}.resume_training", "--checkpoint-dir", str(tmp_path),
                                    "--steps", "40", "--step-seconds", "0.25"],
-                MONARCH_SPMD_MAX_RESTARTS="2").start_all()
-    events = Events(gang.agent_port, gang.token)
+                MONARCH_SPMD_MAX_RESTARTS="2")
+    events = gang.observed()
     try:
         events.wait(rendezvous.EV_ALL_RUNNING, round=0)
         first = {i: w.proc.pid for i, w in gang.workers.items()}
@@ -236,8 +247,8 @@ def _running(pid: int) -> bool:
 
 def test_a_round_that_never_closes_falls_back_to_recreating_the_gang(spawn, tmp_path):
     gang = Gang(spawn, "hosts=2", ["-m", f"{PROGRAMS}.fail_once", "--rank", "9", "--sleep", "600", "--no-rendezvous"],
-                MONARCH_SPMD_MAX_RESTARTS="3", MONARCH_SPMD_JOIN_TIMEOUT="3").start_all()
-    events = Events(gang.agent_port, gang.token)
+                MONARCH_SPMD_MAX_RESTARTS="3", MONARCH_SPMD_JOIN_TIMEOUT="3")
+    events = gang.observed()
     try:
         events.wait(rendezvous.EV_ALL_RUNNING)
         os.kill(gang.workers[1].proc.pid, signal.SIGKILL)  # lost, and nobody replaces it
@@ -252,8 +263,8 @@ def test_a_round_that_never_closes_falls_back_to_recreating_the_gang(spawn, tmp_
 
 def test_the_same_pod_failing_in_place_again_and_again_recreates_the_gang(spawn):
     gang = Gang(spawn, "hosts=2", ["-m", f"{PROGRAMS}.fail_once", "--rank", "1", "--always", "--no-rendezvous"],
-                MONARCH_SPMD_MAX_RESTARTS="10", MONARCH_SPMD_MEMBER_FAILURE_LIMIT="2").start_all()
-    events = Events(gang.agent_port, gang.token)
+                MONARCH_SPMD_MAX_RESTARTS="10", MONARCH_SPMD_MEMBER_FAILURE_LIMIT="2")
+    events = gang.observed()
     try:
         assert [w.finish(120) for w in gang.workers.values()] == [75, 75]
         failed = events.wait(rendezvous.EV_FAILED)
@@ -266,8 +277,7 @@ def test_the_same_pod_failing_in_place_again_and_again_recreates_the_gang(spawn)
 def test_the_watchdog_kills_a_hung_rank_and_the_gang_restarts(spawn):
     gang = Gang(spawn, "nodes=1,procs=2", ["-m", f"{PROGRAMS}.watchdog_hang", "--timeout", "2", "--hang-rank", "1"],
                 layout="PerHost", MONARCH_SPMD_MAX_RESTARTS="1", TORCHELASTIC_ENABLE_FILE_TIMER="1")
-    gang.start_all()
-    events = Events(gang.agent_port, gang.token)
+    events = gang.observed()
     try:
         assert gang.workers[0].finish(120) == 0, gang.workers[0].text
         failure = events.wait(rendezvous.EV_FAILURE)
@@ -283,8 +293,8 @@ def test_the_watchdog_kills_a_hung_rank_and_the_gang_restarts(spawn):
 
 def test_a_rank_without_output_for_the_progress_timeout_fails_the_round(spawn):
     gang = Gang(spawn, "hosts=2", ["-m", f"{PROGRAMS}.hang", "--rank", "1", "--seconds", "4"],
-                MONARCH_SPMD_MAX_RESTARTS="1", MONARCH_SPMD_PROGRESS_TIMEOUT="2").start_all()
-    events = Events(gang.agent_port, gang.token)
+                MONARCH_SPMD_MAX_RESTARTS="1", MONARCH_SPMD_PROGRESS_TIMEOUT="2")
+    events = gang.observed()
     try:
         assert [w.finish(120) for w in gang.workers.values()] == [0, 0]
         failure = events.wait(rendezvous.EV_FAILURE)
@@ -299,8 +309,8 @@ def test_a_rank_without_output_for_the_progress_timeout_fails_the_round(spawn):
 
 def test_the_observer_protocol_welcome_history_and_refusals(spawn, tmp_path):
     gang = Gang(spawn, "hosts=2", ["-m", f"{PROGRAMS}.fail_once", "--rank", "1", "--sleep", "5"],
-                MONARCH_SPMD_MAX_RESTARTS="1").start_all()
-    first = Events(gang.agent_port, gang.token)
+                MONARCH_SPMD_MAX_RESTARTS="1")
+    first = gang.observed()
     try:
         first.wait(rendezvous.EV_ALL_RUNNING, round=1)
         late = Events(gang.agent_port, gang.token)  # an operator that (re)connects after the restart
@@ -352,8 +362,8 @@ def test_a_stranger_without_the_token_can_neither_read_nor_drive_a_running_gang(
     """Every move that drove a gang from another namespace before tokens, against real workers over
     gloo: the gang trains on, restarts nothing, and the stranger reads not one line of output."""
     gang = Gang(spawn, "hosts=2", ["-m", f"{PROGRAMS}.train_steps", "--steps", "30", "--step-seconds", "0.2"],
-                MONARCH_SPMD_MAX_RESTARTS="0").start_all()
-    events = Events(gang.agent_port, gang.token)
+                MONARCH_SPMD_MAX_RESTARTS="0")
+    events = gang.observed()
     try:
         events.wait(rendezvous.EV_ALL_RUNNING, round=0)
         silent = socket.create_connection(("127.0.0.1", gang.agent_port), timeout=30)

@@ -19,8 +19,8 @@ def _everything(events: Events) -> str:
 def test_with_failure_output_none_no_line_of_the_program_reaches_the_observer(spawn):
     gang = Gang(spawn, "hosts=2", ["-m", f"{PROGRAMS}.fail_once", "--rank", "1", "--code", "7", "--always",
                                    "--no-rendezvous"],
-                MONARCH_SPMD_MAX_RESTARTS="1", MONARCH_SPMD_FAILURE_OUTPUT="None").start_all()
-    events = Events(gang.agent_port, gang.token)
+                MONARCH_SPMD_MAX_RESTARTS="1", MONARCH_SPMD_FAILURE_OUTPUT="None")
+    events = gang.observed()
     try:
         assert [w.finish(120) for w in gang.workers.values()] == [7, 7]
         failed = events.wait(rendezvous.EV_FAILED)
@@ -39,8 +39,8 @@ def test_with_failure_output_none_no_line_of_the_program_reaches_the_observer(sp
 
 def test_with_failure_output_tail_the_last_lines_travel_with_the_failure(spawn):
     gang = Gang(spawn, "hosts=2", ["-m", f"{PROGRAMS}.fail_once", "--rank", "1", "--code", "7", "--always",
-                                   "--no-rendezvous"], MONARCH_SPMD_MAX_RESTARTS="0").start_all()
-    events = Events(gang.agent_port, gang.token)
+                                   "--no-rendezvous"], MONARCH_SPMD_MAX_RESTARTS="0")
+    events = gang.observed()
     try:
         assert [w.finish(120) for w in gang.workers.values()] == [7, 7]
         failed = events.wait(rendezvous.EV_FAILED)
@@ -52,8 +52,8 @@ def test_with_failure_output_tail_the_last_lines_travel_with_the_failure(spawn):
 def test_a_hung_rank_is_named_without_its_last_line_and_heartbeats_carry_no_output(spawn):
     gang = Gang(spawn, "hosts=2", ["-m", f"{PROGRAMS}.hang", "--rank", "1", "--seconds", "6"],
                 MONARCH_SPMD_MAX_RESTARTS="1", MONARCH_SPMD_PROGRESS_TIMEOUT="2",
-                MONARCH_SPMD_FAILURE_OUTPUT="None").start_all()
-    events = Events(gang.agent_port, gang.token)
+                MONARCH_SPMD_FAILURE_OUTPUT="None")
+    events = gang.observed()
     try:
         assert [w.finish(120) for w in gang.workers.values()] == [0, 0]
         failure = events.wait(rendezvous.EV_FAILURE)
