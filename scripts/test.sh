@@ -135,9 +135,18 @@ MONARCH_SPMD_REALNODE_BIN="$(cat "$OUT/realnode")"
 MONARCH_SPMD_KUEUE_DIR="$(cat "$OUT/kueue")"
 export MONARCH_SPMD_K8S_BIN MONARCH_SPMD_REALNODE_BIN MONARCH_SPMD_KUEUE_DIR
 
+# Two workers (pytest-xdist): most tests of the clusters wait on the API server, the process tests
+# on the CPUs, so side by side they take about half the time on 2 cores. Each session cluster's
+# tests stay together (tests/conftest.py, cluster_group); MONARCH_SPMD_TEST_WORKERS=0 runs the
+# suite in this one process, as plain pytest does.
+WORKERS="${MONARCH_SPMD_TEST_WORKERS:-2}"
+XDIST=()
+if [ "$WORKERS" != 0 ]; then
+  XDIST=(-n "$WORKERS" --dist loadgroup)
+fi
 start=$(date +%s)
 set +e
-"$PY" -m pytest -p no:cacheprovider "$@"
+"$PY" -m pytest -p no:cacheprovider "${XDIST[@]}" "$@"
 rc=$?
 set -e
 TESTS=$(since "$start")

@@ -77,6 +77,35 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+#: scripts/test.sh runs the suite on two xdist workers (``--dist loadgroup``); a group's tests run
+#: on one worker, in order. The real nodes' cluster is one group (two real clusters at once would
+#: be two more kubelets, containerds and CoreDNS on two cores); each module that uses `cluster`
+#: is a group of its own (its module fixtures made once), so those modules spread over both
+#: workers and each worker starts its own `cluster` the first time it needs one (clusters take
+#: free ports, bridge slots and state folders of their own, so they never meet). Every other test
+#: goes to whichever worker is free.
+REAL_GROUP = "real-cluster"
+
+
+def cluster_group(fixturenames: object, module: str) -> str | None:
+    """The xdist group of a test of ``module`` that uses ``fixturenames``, or None."""
+    names = set(fixturenames or ())  # type: ignore[call-overload]
+    if "real_cluster" in names:
+        return REAL_GROUP
+    if "cluster" in names:
+        return f"cluster:{module}"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks each test that uses a session cluster with its xdist group (before xdist reads it)."""
+    for item in items:
+        group = cluster_group(getattr(item, "fixturenames", ()), item.nodeid.split("::", 1)[0])
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build the cluster's binaries before any test runs, outside every test's timeout.
 
