@@ -256,12 +256,15 @@ def test_a_leader_stopped_with_sigterm_hands_over_at_once(operator, namespace, l
     try:
         leader = wait_until(lambda: holder(c, lease_namespace), 60, "a leader")
         standby = b if leader == a.name else a
+        stopped = a if leader == a.name else b
         stopped_at = time.monotonic()
-        (a if leader == a.name else b).kill(signal.SIGTERM)
-        wait_until(lambda: holder(c, lease_namespace) == standby.name, 15, "the standby leads")
-        took = time.monotonic() - stopped_at
-        print(f"takeover after SIGTERM: {took:.1f} s")
-        assert took < 9, "the Lease (10 s) was released, not left to expire"
+        stopped.kill(signal.SIGTERM)
+        wait_until(lambda: holder(c, lease_namespace) == standby.name, 30, "the standby leads")
+        # How soon is a figure for the benchmarks (a loaded machine stretches it); what this test
+        # holds is that the Lease was handed back, not left to expire.
+        print(f"takeover after SIGTERM: {time.monotonic() - stopped_at:.1f} s")
+        said = (c.state_dir / f"operator-{stopped.name}.log").read_text()
+        assert f"leader election: {stopped.name} released the Lease" in said, said[-3000:]
         metrics = scrape(standby.metrics)
         assert value(metrics, "spmdjob_leader") == 1
         apply(c, namespace, job_manifest("afterwards", [("procs", 2)], ["-m", "train"], kwok=True))
