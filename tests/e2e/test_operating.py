@@ -241,7 +241,9 @@ def test_killing_the_leader_five_times_keeps_exactly_one_gang(operator, namespac
         job = get_job(c, namespace, "ha")
         assert job["status"]["restarts"] == generation
         print(f"takeovers after SIGKILL of the leader: {[round(t, 1) for t in takeovers]} s; first leader {first}")
-        assert max(takeovers) <= 15, takeovers
+        # A standby takes over once the killed leader's Lease (10 s) runs out; twice that bounds a
+        # takeover that waited on something else (exactly one gang each time is the point above).
+        assert max(takeovers) <= 30, takeovers
     finally:
         for r in replicas.values():
             r.stop()

