@@ -69,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import OUT_DIR, REPO, machine, machine_line, table, write_json
+from benchmarks.inplace_cluster import wait_for
 
 DEFAULT_SYSTEMS = "inplace,recreatepods,jobset+pytorchjob"
 SYSTEMS = ("inplace", "recreatepods", "jobset", "pytorchjob")
@@ -489,14 +490,6 @@ def _node_line(core: Any, node: str) -> str:
     return f"Ready={ready} taints={taints or '-'}"
 
 
-def _wait(check: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(POLL)
-    raise TimeoutError(f"not reached in {timeout:.0f}s: {what}")
 
 
 def _node_healthy(core: Any, node: str) -> bool:
@@ -533,7 +526,7 @@ def delete_namespace(lc: Any, name: str, timeout: float = 300) -> None:
             return err.status == 404
 
     try:
-        _wait(gone, timeout, f"namespace {name} deleted")
+        wait_for(gone, timeout, f"namespace {name} deleted", interval=POLL)
     except TimeoutError as err:
         print(f"  warning: {err}", file=sys.stderr)
 
@@ -557,7 +550,7 @@ def run_group(lc: Any, names: list[str], run: int, cap: float, log: Any) -> list
             return pods if s.training_ranks(pods, None, None) == {0, 1} else None
 
         try:
-            training = {s.name: _wait(lambda s=s: both_training(s), START_SECONDS, f"{s.name}: both ranks training")
+            training = {s.name: wait_for(lambda s=s: both_training(s), START_SECONDS, f"{s.name}: both ranks training", interval=POLL)
                         for s in systems}
         except TimeoutError:
             for s in systems:
@@ -612,7 +605,7 @@ def run_group(lc: Any, names: list[str], run: int, cap: float, log: Any) -> list
             f"{_cell(s.training_at, cap)} s" + (f", Failed at {s.failed_at:.0f} s" if s.failed_at is not None else "")
             + f" (polled until {ended:.0f}s)")
     delete_namespace(lc, ns)
-    _wait(lambda: _node_healthy(core, lost_node), 180, f"{lost_node} Ready and untainted after the thaw")
+    wait_for(lambda: _node_healthy(core, lost_node), 180, f"{lost_node} Ready and untainted after the thaw", interval=POLL)
     return rows
 
 
