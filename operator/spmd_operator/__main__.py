@@ -68,7 +68,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--memory-recycle-min-mib", type=int, default=None, metavar="MIB",
-        help="the least excess over the start, in MiB, for --memory-recycle-factor (default 32)",
+        help="the least excess over the start, in MiB, for --memory-recycle-factor (default 32; 0: none)",
     )
     parser.add_argument(
         "--network-policy", action=argparse.BooleanOptionalAction, default=False,

@@ -90,8 +90,9 @@ class RecyclePolicy:
     """When the operator's process should start afresh (see the module's text).
 
     Args:
-        factor: resident memory at least this many times the start; 0 turns recycling off.
-        min_excess: and at least this many bytes above the start.
+        factor: resident memory at least this many times the start; 0 turns recycling off
+            (under 1: the jobs' share alone decides, down to the memory the start had).
+        min_excess: and at least this many bytes above the start (0: no least excess).
         start: the resident bytes at the start (None: unknown, never recycle).
     """
 
@@ -121,7 +122,7 @@ class RecyclePolicy:
             return None
         if not (self.peak_jobs and jobs < self.peak_jobs and jobs <= self.peak_jobs * JOBS_SHARE):
             return None
-        if resident < self.start * self.factor or resident - self.start < self.min_excess:
+        if resident < self.start * self.factor or (self.min_excess and resident - self.start < self.min_excess):
             return None
         return (f"resident memory {resident / MIB:.0f} MiB is {resident / self.start:.2f}x the "
                 f"{self.start / MIB:.0f} MiB at the start, with {jobs} of the {self.peak_jobs} jobs held at "
@@ -229,8 +230,14 @@ class Trimmer:
         trim_memory()
         if self.recycle is None:
             return
-        why = self.recycle.verdict(resident_bytes(), self.jobs(), self.collecting())
+        resident, jobs, collecting = resident_bytes(), self.jobs(), self.collecting()
+        why = self.recycle.verdict(resident, jobs, collecting)
         if why is None:
+            start = self.recycle.start
+            logger.info("memory: trimmed; resident %s MiB (%s MiB at the start), %d of the %d jobs held at the peak "
+                        "left%s: not starting afresh",
+                        "?" if resident is None else f"{resident / MIB:.0f}", "?" if start is None else f"{start / MIB:.0f}",
+                        jobs, self.recycle.peak_jobs, ", children of deleted jobs still held" if collecting else "")
             return
         # What stays is fragmentation, not objects (see the module's text): only a new process is
         # rid of it. The loops stop first, as when the Lease is lost; the Lease keeps its holder.

@@ -65,6 +65,17 @@ def test_factor_zero_turns_it_off_and_negative_settings_are_refused():
         memory.RecyclePolicy(2.0, -1)
 
 
+def test_no_least_excess_and_a_factor_under_one_leave_the_jobs_share_to_decide():
+    # A trim can take the process under the memory it had at its start: with no least excess and
+    # a factor under 1, only the jobs that went (and the children still to go) decide.
+    p = policy(start_mib=66, factor=0.01, min_mib=0, peak=8)
+    assert p.verdict(60 * MIB, 1, collecting=False) is not None, "under the start, yet 7 of 8 jobs went"
+    assert p.verdict(60 * MIB, 1, collecting=True) is None, "their children still go"
+    assert p.verdict(60 * MIB, 3, collecting=False) is None, "3 of 8 is more than a quarter"
+    assert policy(start_mib=66, factor=1.0, min_mib=0, peak=8).verdict(60 * MIB, 1, collecting=False) is None, \
+        "a factor of 1 still asks for the start's memory at least"
+
+
 def test_resident_bytes_reads_this_process():
     before = memory.resident_bytes()
     assert before is not None and before > 10 * MIB
