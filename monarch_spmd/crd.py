@@ -1,4 +1,5 @@
-"""Writes the SPMDJob CustomResourceDefinition from the one table in :mod:`monarch_spmd.spec`.
+"""Writes the SPMDJob CustomResourceDefinition from the one table in :mod:`monarch_spmd.spec`, with
+Kubernetes' own PodTemplateSpec schema under ``spec.template`` (:mod:`monarch_spmd.podtemplate`).
 
 Where it sits: a tool beside the library (it needs PyYAML, so nothing imports it at run time).
 ``crds/spmd.monarch.dev_spmdjobs.yaml`` is its output, committed; ``tests/unit/test_crd.py`` fails
@@ -19,7 +20,7 @@ from typing import Any, Final
 
 import yaml
 
-from . import spec
+from . import podspec_openapi, podtemplate, spec
 
 
 HEADER: Final = """\
@@ -27,6 +28,11 @@ HEADER: Final = """\
 # change its entry there and run `bash scripts/gen-crd.sh` (python -m monarch_spmd.crd, then
 # scripts/sync-crd.sh for the Helm chart's copy); tests/unit/test_crd.py fails when this file and
 # the table differ.
+# Under spec.template: Kubernetes {version}'s PodTemplateSpec schema, every field typed, generated
+# from Kubernetes' OpenAPI (monarch_spmd/podtemplate.py, monarch_spmd/podspec_openapi.py), so that
+# an unknown field there (a typo) is refused, not dropped. Install and upgrade it with
+# `kubectl apply --server-side` (or kubectl create/replace): client-side apply would copy it into
+# its last-applied annotation, which may hold 256 KiB and which it would nearly fill.
 # The SPMDJob CustomResourceDefinition. `kubectl explain spmdjob.spec` prints the descriptions below,
 # so they are the manual. The API server refuses bad input here (schema + CEL rules, messages
 # naming the field), and monarch_spmd.spec checks a manifest with the same table offline
@@ -60,7 +66,7 @@ def crd() -> dict[str, Any]:
                     "storage": True,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": [dict(c) for c in spec.PRINTER_COLUMNS],
-                    "schema": {"openAPIV3Schema": spec.ROOT.openapi()},
+                    "schema": {"openAPIV3Schema": podtemplate.with_template(spec.ROOT).openapi()},
                 }
             ],
         },
@@ -82,7 +88,7 @@ _Dumper.add_representer(str, _str)
 def render() -> str:
     """The CRD file's text: the header, then the YAML."""
     body = yaml.dump(crd(), Dumper=_Dumper, sort_keys=False, width=100, default_flow_style=False, allow_unicode=True)
-    return HEADER + body
+    return HEADER.replace("{version}", podspec_openapi.KUBERNETES_VERSION) + body
 
 
 def main(argv: Sequence[str] | None = None) -> int:

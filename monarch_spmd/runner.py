@@ -136,14 +136,27 @@ _CONTAINER_NOTED: Final = ("resources", "volumeMounts", "securityContext", "port
                            "volumeDevices", "stdin", "tty", "terminationMessagePath", "terminationMessagePolicy")
 
 
+#: Objects whose fields a local run tells apart only by these: the pod template's PodSpec is typed
+#: field by field (Kubernetes' schema), but every other pod-level field is one thing here
+#: (``template.spec.*``: there is no pod).
+_FIELDS_APART: Final = {"template.spec": ("restartPolicy", "containers")}
+
+
+def _walked(node: schema.Obj, path: str) -> dict[str, schema.Node]:
+    """The properties of ``node`` a local run tells apart (see :data:`_FIELDS_APART`)."""
+    apart = _FIELDS_APART.get(path)
+    return dict(node.properties) if apart is None else {k: node.properties[k] for k in apart}
+
+
 def spec_leaves(node: schema.Node = spec.SPEC, path: str = "") -> Iterator[str]:
     """The leaf fields of the spec's schema, as dotted paths (``restartPolicy.maxRestarts``): an
     object with declared properties is walked (plus ``<path>.*`` for the undeclared fields it
-    keeps), anything else (a scalar, a list, a map) is a leaf."""
+    keeps, or those a local run does not tell apart), anything else (a scalar, a list, a map) is
+    a leaf."""
     if isinstance(node, schema.Obj) and node.properties:
-        for key, child in node.properties.items():
+        for key, child in _walked(node, path).items():
             yield from spec_leaves(child, f"{path}.{key}" if path else key)
-        if node.preserve_unknown:
+        if node.preserve_unknown or path in _FIELDS_APART:
             yield f"{path}.*"
         return
     yield path
@@ -156,11 +169,12 @@ def present_fields(body: Mapping[str, Any]) -> dict[str, Any]:
 
     def walk(node: schema.Node, value: Any, path: str) -> None:
         if isinstance(node, schema.Obj) and node.properties and isinstance(value, Mapping):
+            walked = _walked(node, path)
             for key, item in value.items():
-                child = node.properties.get(key)
+                child = walked.get(key)
                 if child is not None:
                     walk(child, item, f"{path}.{key}" if path else key)
-                elif node.preserve_unknown:
+                elif node.preserve_unknown or path in _FIELDS_APART:
                     out.setdefault(f"{path}.*", {})[key] = item
             return
         if value is not None:

@@ -3,14 +3,17 @@ the CRD's OpenAPI v3 schema (with CEL ``x-kubernetes-validations``) and checks a
 way the Kubernetes API server checks a create request against that schema.
 
 Where it sits: a leaf of the library (standard library only). :mod:`monarch_spmd.spec` declares
-the SPMDJob with it; :mod:`monarch_spmd.crd` writes the CRD file from that declaration.
+the SPMDJob with it, :mod:`monarch_spmd.podtemplate` converts Kubernetes' PodTemplateSpec into it;
+:mod:`monarch_spmd.crd` writes the CRD file from that declaration.
 
-A declaration is a tree of nodes (:class:`Str`, :class:`Int`, :class:`Bool`, :class:`Arr`,
-:class:`Obj`, :class:`ObjectMeta`). Each node carries its description (the ``kubectl explain``
-text), whether it is required, its default, its bounds, and its :class:`Rule` objects. A rule is
-one cross-field check written once: it renders itself as a CEL rule with a message, and checks a
-Python value with the same logic. ``tests/e2e/test_spec_parity.py`` holds the two renderings
-against each other on a real API server.
+A declaration is a tree of nodes (:class:`Str`, :class:`Int`, :class:`Num`, :class:`Bool`,
+:class:`Arr`, :class:`Obj`, :class:`ObjectMeta`; for Kubernetes' types also :class:`IntOrStr`,
+``x-kubernetes-int-or-string``, and :class:`Free`, any value). Each node carries its description
+(the ``kubectl explain`` text), whether it is required, its default, its bounds, and its
+:class:`Rule` objects. A rule is one cross-field check written once: it renders itself as a CEL
+rule with a message, and checks a Python value with the same logic.
+``tests/e2e/test_spec_parity.py`` holds the two renderings against each other on a real API
+server.
 
 What the API server does with a create request, and what :func:`validate` reproduces, in order:
 
@@ -20,7 +23,8 @@ What the API server does with a create request, and what :func:`validate` reprod
    does not declare is an error, except under ``x-kubernetes-preserve-unknown-fields``;
 3. null pruning and defaulting: ``null`` in a declared field takes the field's default or is
    dropped (so ``null`` counts as absent), and an absent field with a default gets it;
-4. schema validation: types, required fields, enums, bounds, lengths, item counts;
+4. schema validation: types, required fields, enums, bounds, lengths, item counts, the items of a
+   ``set`` list and the keys of a ``map`` list unique (``x-kubernetes-list-type``);
 5. the CEL rules, each on every value present at its node, unless step 4 found a "blocking"
    error (a wrong type, a missing required field, a value outside an enum), as the server skips
    them then. Transition rules (``oldSelf``) run only when an old object is given (an update).
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import difflib
 import math
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -293,7 +298,8 @@ class Node:
         out.update(self._openapi_constraints())
         if self.default is not MISSING:
             out["default"] = copy.deepcopy(self.default)
-        out["description"] = self.description
+        if self.description:
+            out["description"] = self.description
         out.update(self._openapi_flags())
         if self.rules:
             out["x-kubernetes-validations"] = [r.openapi() for r in self.rules]
@@ -416,7 +422,8 @@ class Bool(Node):
 
 @dataclass(frozen=True, kw_only=True)
 class Arr(Node):
-    """A list of ``items``: ``min_items``/``max_items``; ``list_type``/``map_keys`` for status lists."""
+    """A list of ``items``: ``min_items``/``max_items``; ``list_type``/``map_keys`` (``set``: unique
+    items; ``map``: unique keys) for status lists and Kubernetes' own."""
 
     items: Node
     min_items: int | None = None
@@ -439,6 +446,21 @@ class Arr(Node):
                           f"{self.example or 'expected ' + self.describe()}")
         if self.max_items is not None and len(value) > self.max_items:
             yield Problem("", f"has {len(value)} items; expected {self.describe()}")
+        if self.list_type in ("set", "map"):
+            seen: set[str] = set()
+            for i, item in enumerate(value):
+                if self.list_type == "map":
+                    if not isinstance(item, dict):
+                        continue
+                    key = {k: item.get(k) for k in self.map_keys or ()}
+                    what = "an item with " + ", ".join(f"{k} {show(v)}" for k, v in key.items())
+                else:
+                    key, what = item, show(item)
+                text = repr(key)
+                if text in seen:
+                    unique = " and ".join(self.map_keys or ()) if self.list_type == "map" else "value"
+                    yield Problem(f"[{i}]", f"duplicate value: {what} is already in the list; each item's {unique} must differ")
+                seen.add(text)
 
     def _openapi_constraints(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -476,6 +498,7 @@ class Obj(Node):
     values: Node | None = None
     preserve_unknown: bool = False
     flatten: bool = False
+    map_type: str | None = None
     type_name: ClassVar[str] = "object"
 
     def type_ok(self, value: Any) -> bool:
@@ -496,6 +519,8 @@ class Obj(Node):
             out["required"] = required
         if self.preserve_unknown:
             out["x-kubernetes-preserve-unknown-fields"] = True
+        if self.map_type:
+            out["x-kubernetes-map-type"] = self.map_type
         return out
 
     def _openapi_children(self) -> dict[str, Any]:
@@ -505,6 +530,52 @@ class Obj(Node):
         if self.values is not None:
             out["additionalProperties"] = self.values.openapi()
         return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Num(Node):
+    """A number (an integer or a float)."""
+
+    type_name: ClassVar[str] = "number"
+
+    def type_ok(self, value: Any) -> bool:
+        return (is_json_int(value) or isinstance(value, float)) and not isinstance(value, bool)
+
+    def describe(self) -> str:
+        return "a number"
+
+
+@dataclass(frozen=True, kw_only=True)
+class IntOrStr(Node):
+    """An integer or a string (Kubernetes' IntOrString: ``x-kubernetes-int-or-string``)."""
+
+    type_name: ClassVar[str] = ""
+
+    def type_ok(self, value: Any) -> bool:
+        return is_json_int(value) or isinstance(value, str)
+
+    def describe(self) -> str:
+        return "an integer or a string"
+
+    def _openapi_flags(self) -> dict[str, Any]:
+        return {"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": True}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Free(Node):
+    """Any JSON value, kept as it is (``x-kubernetes-preserve-unknown-fields`` without a type):
+    what the schema cannot type, e.g. a resource quantity, which is a string or a number."""
+
+    type_name: ClassVar[str] = ""
+
+    def type_ok(self, value: Any) -> bool:
+        return True
+
+    def describe(self) -> str:
+        return "any value"
+
+    def _openapi_flags(self) -> dict[str, Any]:
+        return {"x-kubernetes-preserve-unknown-fields": True}
 
 
 # --- the object's metadata: Kubernetes' ObjectMeta, checked by the API machinery ---------------
@@ -654,6 +725,24 @@ def as_sent(value: Any, path: str, problems: list[Problem]) -> Any:
     return None
 
 
+#: An object with more fields than this is not listed whole in an unknown field's message.
+_LISTED_FIELDS: Final = 12
+
+
+def _fields_hint(node: Obj, key: str, path: str) -> str:
+    """What an unknown field's message adds: the object's fields, or the one the key was likely meant as."""
+    if not node.properties:
+        return f"{path or 'the object'} has no fields"
+    close = [k for k in node.properties if k.lower() == key.lower()] or \
+        difflib.get_close_matches(key, list(node.properties), n=1, cutoff=0.6)
+    if len(node.properties) <= _LISTED_FIELDS:
+        meant = f"; did you mean {close[0]}?" if close else ""
+        return f"{path or 'the object'} has {', '.join(node.properties)}{meant}"
+    if close:
+        return f"did you mean {close[0]}? ({path or 'the object'} has {len(node.properties)} fields)"
+    return f"{path or 'the object'} has {', '.join(list(node.properties)[:_LISTED_FIELDS])} ... ({len(node.properties)} fields)"
+
+
 def _unknown_fields(node: Node, value: Any, path: str, problems: list[Problem]) -> None:
     """Step 2: strict decoding. Reports undeclared fields and removes them (the server prunes them)."""
     if isinstance(node, ObjectMeta) and isinstance(value, dict):
@@ -663,8 +752,7 @@ def _unknown_fields(node: Node, value: Any, path: str, problems: list[Problem]) 
     elif isinstance(node, Obj) and isinstance(value, dict):
         if node.values is None and not node.preserve_unknown:
             for key in [k for k in value if k not in node.properties]:
-                hint = ", ".join(node.properties) if node.properties else "no fields"
-                problems.append(Problem(join(path, key), f"unknown field; {path or 'the object'} has {hint}"))
+                problems.append(Problem(join(path, key), f"unknown field; {_fields_hint(node, key, path)}"))
                 del value[key]
         for key, child in value.items():
             sub = node.properties.get(key) or node.values

@@ -19,8 +19,10 @@ field is one entry: its type, default, bounds, description (the ``kubectl explai
   requires the same verdict on each. The values are taken as kubectl sends them (a whole number
   written ``3.0`` is the integer 3).
 
-The pod template (``spec.template.spec``) is a PodSpec the API server keeps as it is, except for the
-few properties the table declares so CEL can check them: ``restartPolicy`` (Never or unset), and
+The pod template (``spec.template``) is typed field by field with Kubernetes' own PodTemplateSpec
+schema (:mod:`.podtemplate`, generated from the OpenAPI of the Kubernetes version the CRD is made
+for), so an unknown or mistyped field anywhere under it is refused as for a Pod. Laid over it are
+the properties the table declares so CEL can check them: ``restartPolicy`` (Never or unset), and
 per container ``name`` (a DNS-1123 label), ``image``, ``command``, ``args`` and ``env[].name`` (the
 ``trainer`` container, or the one without a name, must not set image, command or args, nor a
 MONARCH_SPMD_* variable other than MONARCH_SPMD_ROLE_NAME and MONARCH_SPMD_LOCAL_RANK_SCOPE, nor a
@@ -79,7 +81,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, NamedTuple
 
-from . import quantity, schema
+from . import podtemplate, quantity, schema
 from .payload import contract, names, worker
 from .schema import MISSING, Arr, Bool, Int, Matches, Obj, ObjectMeta, Pattern, Rule, Str
 
@@ -818,8 +820,8 @@ RESTART_POLICY: Final = Obj(
 _CONTAINER: Final = Obj(
     preserve_unknown=True,
     description=_d("""
-        A container (see `kubectl explain pod.spec.containers`); only the fields below are
-        checked here, the API server checks the rest when the pod is created."""),
+        A container (see `kubectl explain pod.spec.containers`), typed as a Pod's; the trainer's
+        image, command and args come from the spec."""),
     rules=(
         TrainerLeaves("image", "spec.image"),
         TrainerLeaves("command", "spec.python"),
@@ -855,7 +857,7 @@ _CONTAINER: Final = Obj(
     },
 )
 
-TEMPLATE: Final = Obj(
+TEMPLATE: Final = podtemplate.overlay(podtemplate.pod_template_spec(), Obj(
     convert=lambda v: copy.deepcopy(v) if v is not None else {},
     description=_d("""
         The pod template for everything else set on a pod: resources, env, volumes, nodeSelector,
@@ -894,7 +896,7 @@ TEMPLATE: Final = Obj(
             },
         ),
     },
-)
+))
 
 SPEC: Final = Obj(
     description=_d(f"""

@@ -1,8 +1,11 @@
 """``monarch-spmd validate``: checks SPMDJob manifests offline, as the API server checks ``kubectl apply``.
 
 Where it sits: the command layer, beside :mod:`monarch_spmd.runner`; it reads YAML (PyYAML, the
-``cli`` extra) and checks each SPMDJob with :func:`monarch_spmd.spec.check_manifest`, the table
-the CRD is generated from. Usage::
+``cli`` extra) and checks each SPMDJob with :func:`check_manifest`: the table the CRD is generated
+from (:func:`monarch_spmd.spec.check_manifest`) and, under ``spec.template``, Kubernetes' own
+PodTemplateSpec schema, which the CRD carries too (:mod:`monarch_spmd.podtemplate`), so a field
+misspelled there (``resoures:``) is an error naming its path, as ``kubectl apply`` is refused for
+it. Usage::
 
     monarch-spmd validate -f job.yaml [more.yaml ...]     # also plain paths, and - for stdin
     monarch-spmd validate -f manifests/ [-R]              # every .yaml, .yml, .json in the folder
@@ -25,6 +28,7 @@ it (:func:`load_documents`), not the way PyYAML does by default: ``1e3`` is a nu
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import re
@@ -37,7 +41,7 @@ from typing import Any, Final
 
 import yaml
 
-from . import spec
+from . import podtemplate, schema, spec
 
 USAGE: Final = "usage: monarch-spmd validate [-R] [-f FILE|DIR|-] ... [FILE|DIR ...]"
 #: The files of a folder that are manifests (kubectl's FileExtensions).
@@ -261,7 +265,7 @@ def check_file(path: str, out: _Outcome, *, in_folder: bool = False) -> None:
     bad = 0
     for label, doc in jobs:
         old = out.stored.get(_name(doc), spec.MISSING)  # --old: an update of the stored object
-        value, errors = spec.check_manifest(doc, require_image=True, old=old)
+        value, errors = check_manifest(doc, old=old)
         errors = errors or spec.pod_problems(value["spec"])  # what the job's every pod would be refused for
         for error in errors:
             print(f"{shown}: {label} ({_name(doc)}): {error}")
@@ -269,6 +273,26 @@ def check_file(path: str, out: _Outcome, *, in_folder: bool = False) -> None:
     out.errors += bad
     if not bad:
         print(f"{shown}: {len(jobs)} {spec.KIND}(s) valid")
+
+
+@functools.cache
+def _root() -> schema.Obj:
+    """The SPMDJob schema as the CRD has it: the table, with Kubernetes' PodTemplateSpec under spec.template."""
+    return podtemplate.with_template(spec.ROOT)
+
+
+def check_manifest(doc: Any, *, old: Any = spec.MISSING) -> tuple[Any, list[spec.SpecError]]:
+    """:func:`monarch_spmd.spec.check_manifest` with every field of ``spec.template`` checked as the
+    CRD checks it (Kubernetes' PodTemplateSpec, :mod:`monarch_spmd.podtemplate`): an unknown field
+    (``spec.template.spec.containers[0].resoures``) or a value of the wrong type there is an error
+    naming its path, as ``kubectl apply`` is refused for it."""
+    value, errors = spec.check_manifest(doc, require_image=True, old=old)
+    if not isinstance(value, dict) or value is doc:
+        return value, errors  # not an SPMDJob: apiVersion or kind
+    if isinstance(old, dict):
+        old, _ = schema.validate(_root(), old, "")  # as the server stored it: defaulted
+    value, problems = schema.validate(_root(), doc, "", old=old, reset=("status",))
+    return value, [spec.SpecError(p.path, p.message, policy=p.policy) for p in problems]
 
 
 def folder_files(folder: str, recursive: bool = False) -> list[str]:

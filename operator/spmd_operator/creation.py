@@ -8,7 +8,9 @@ remembered (:attr:`.jobloop.JobLoop.created`) until the informers show it, or fo
 CREATED_MEMORY_SECONDS, so a second pass before the watches catch up POSTs nothing twice. A 409 is
 checked: ours (created by an earlier pass, or another process) is fine; a stranger's is an error,
 or for a pod a NameTaken Event (never adopted, never counted). A refusal (400, 403, 422) goes to
-the next pass (:class:`.errors.Refused`).
+the next pass (:class:`.errors.Refused`). Pods are created with field validation Strict
+(:meth:`.kube.Kube.create`): a field of the template the Pod API does not know is such a refusal (400),
+which fails the job with InvalidSpec naming the field, instead of a pod without it.
 
 Where it sits: a part of the controller (:mod:`.controller` calls it in the order its pass
 writes: the children while the status goes, the pods after it); above :mod:`.builders` (the

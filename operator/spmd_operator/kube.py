@@ -43,6 +43,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Hashable, Mapping
@@ -108,6 +109,25 @@ class KubeError(Exception):
         if self.status == 403 and "being terminated" in self.message:
             return True
         return self.status == 404 and self.message.startswith("namespaces ") and self.message.endswith("not found")
+
+
+#: The query of a create whose body must be taken whole: the API server refuses (400) a field the
+#: object's type does not have, instead of dropping it with a warning no one reads.
+STRICT: Final = {"fieldValidation": "Strict"}
+#: The collections whose creates are Strict: what is built from the user's pod template.
+STRICT_COLLECTIONS: Final = frozenset({"pods"})
+_STRICT_FIELD: Final = re.compile(r'(unknown|duplicate) field "([^"]+)"')
+
+
+def strict_message(message: str) -> str:
+    """A refusal for fields its type does not have (``strict decoding error: unknown field
+    "spec.containers[0].resoures"``), written as the API server writes other invalid fields
+    (``spec.containers[0].resoures: unknown field``), each path before a colon, so that the
+    lifecycle can name the job's field it came from (:func:`spmd_operator.podpaths.translate`).
+    Any other message is returned as it is."""
+    if "strict decoding error" not in message:
+        return message
+    return _STRICT_FIELD.sub(lambda m: f"{m.group(2)}: {m.group(1)} field", message)
 
 
 class Fenced(Exception):
@@ -586,13 +606,22 @@ class Kube:
 
     async def create(self, path: str, body: Mapping[str, Any], *, keep: bool = True, owner: Owner = None) -> Any:
         """POSTs ``body`` to the collection ``path``; the created object (``keep=False``: True), or
-        None if the name is taken (409). Not keeping the answer saves decoding thousands of pods."""
+        None if the name is taken (409). Not keeping the answer saves decoding thousands of pods.
+
+        Pods, built from the user's template, go with field validation Strict (:data:`STRICT`): a
+        field the Pod API does not know (one the CRD took: a newer Kubernetes' field on an older
+        cluster) is a 400 whose message names it as ``PATH: unknown field`` (:func:`strict_message`),
+        which fails the job as InvalidSpec, instead of a pod silently without it."""
+        strict = path.rstrip("/").rsplit("/", 1)[-1] in STRICT_COLLECTIONS
         async with self.slot(owner):
             try:
-                return await self.request("POST", path, body=dict(body), decode=keep, fenced=True)
+                return await self.request("POST", path, query=STRICT if strict else None, body=dict(body),
+                                          decode=keep, fenced=True)
             except KubeError as e:
                 if e.status == 409 and e.reason == "AlreadyExists":
                     return None
+                if strict and e.status in (400, 422) and strict_message(e.message) != e.message:
+                    raise KubeError(e.status, strict_message(e.message), reason=e.reason, path=e.path) from e
                 raise
 
     async def patch(self, path: str, patch: Mapping[str, Any], *, owner: Owner = None) -> dict[str, Any]:

@@ -9,11 +9,17 @@ Events (one per distinct refusal, however many retries), and what the operator d
 back-off, releases an incomplete gang after lifecycle.refusal.RELEASE_SECONDS without using up a
 restart, runs once the quota allows, fails an invalid template naming the SPMDJob's field and
 drops its Service. The examples and the chart's test job pass ``restricted``.
+The CRD carries Kubernetes' PodTemplateSpec: a misspelled field anywhere under ``spec.template``
+is refused at ``kubectl apply`` naming it (as ``monarch-spmd validate`` refuses it offline), and
+the operator creates pods with field validation Strict, so that what the CRD takes and the Pod
+API does not fails the job (InvalidSpec) naming the SPMDJob's field, never a pod without it.
 A container that cannot start is timed from when it was first seen, kept across an operator restart.
 """
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import dataclasses
 import json
 import subprocess
@@ -26,7 +32,8 @@ from kubernetes import client
 
 from devcluster.localcluster import REPO_ROOT
 from monarch_spmd import spec as specmod
-from spmd_operator import builders, names
+from monarch_spmd import validate
+from spmd_operator import builders, errors, kube, names
 from spmd_operator.lifecycle import refusal
 from tests.e2e.conftest import (
     apply,
@@ -40,6 +47,7 @@ from tests.e2e.conftest import (
     wait_phase,
     wait_until,
 )
+from tests.unit.test_pod_template import MISSPELLINGS
 
 pytestmark = pytest.mark.cluster
 
@@ -285,3 +293,78 @@ def test_a_start_failure_is_timed_from_when_it_was_seen_and_survives_an_operator
         "name": names.CONTAINER_NAME, "image": "python:3.11-slim", "imageID": "", "ready": False, "restartCount": 0,
         "state": {"waiting": {"reason": "ContainerCreating"}}}]}})
     wait_job(c, namespace, "pull", lambda j: not status_of(j).get("startFailures"), 30, "startFailures cleared")
+
+
+# --- the typed pod template: nothing under spec.template is dropped without a word ----------------
+
+
+def test_a_misspelled_template_field_is_refused_at_apply_naming_it(operator, namespace):
+    """The same ten misspellings `monarch-spmd validate` refuses (tests/unit/test_pod_template.py)."""
+    c = operator
+    for name, doc, path in MISSPELLINGS:
+        doc = copy.deepcopy(doc)
+        doc["metadata"]["name"] = f"typo-{name}"
+        result = apply(c, namespace, doc, check=False)
+        assert result.returncode != 0, f"{name}: kubectl apply took {path}"
+        assert f'unknown field "{path}"' in result.stderr, result.stderr
+        _, offline = validate.check_manifest(doc)
+        assert [e.field for e in offline] == [path], offline
+        print(f"{name}: offline: {offline[0]}\n    server: {result.stderr.strip().splitlines()[-1]}")
+    assert c.kubectl("get", "spmdjobs", "-n", namespace, "-o", "name").stdout.strip() == ""
+
+
+def test_the_examples_and_the_charts_test_job_still_apply(operator, namespace):
+    c = operator
+    jobs = [*_example_jobs(), ("helm test", _chart_test_job(c))]
+    for where, doc in jobs:
+        doc["metadata"].pop("namespace", None)  # the chart's is the release's
+        result = c.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc), check=False)
+        assert result.returncode == 0, f"{where}: {result.stderr}"
+
+
+def test_pods_are_created_strictly_and_a_field_the_pod_api_does_not_know_is_named_in_the_jobs_terms(
+        operator, namespace, monkeypatch):
+    """A field the CRD takes and the Pod API does not (on a cluster older than the CRD's schema) is
+    refused at the pod's create, as a strict create refuses any unknown field of the pod it builds."""
+    c = operator
+    monkeypatch.setenv("KUBECONFIG", str(c.kubeconfig))
+    parsed = specmod.load_manifest(job_manifest("strict", [("procs", 1)], ["-m", "train"], kwok=True), require_image=True)
+    parsed = dataclasses.replace(parsed.spec, template={"spec": {**parsed.spec.template["spec"], "containers": [
+        {"name": "side", "image": "busybox"}, {"name": "trainer"}]}})
+    ref = names.JobRef("strict", namespace, "0123456789abcdef-0000-4000-8000-000000000000")
+    pod = builders.build_pod(ref, parsed, 0, 0)
+    trainer = [i for i, ctr in enumerate(pod["spec"]["containers"]) if ctr["name"] == "trainer"][0]
+    pod["spec"]["containers"][trainer]["resoures"] = {"limits": {"cpu": "1"}}
+
+    async def create() -> BaseException:
+        api = kube.Kube(kube.login())
+        try:
+            with pytest.raises(kube.KubeError) as info:
+                await api.create(kube.pods_url(namespace), pod, keep=False)
+            return info.value
+        finally:
+            await api.close()
+
+    error = asyncio.run(create())
+    assert isinstance(error, kube.KubeError) and error.status == 400, error
+    assert f"spec.containers[{trainer}].resoures: unknown field" in error.message, error.message
+    verdict = refusal.classify(errors.refusal_of(error, pod, 0), parsed, ref, 0)
+    assert verdict.reason == "InvalidSpec" and verdict.permanent
+    assert "spec.template.spec.containers[1].resoures: unknown field" in verdict.message, verdict.message
+    assert not [p for p in client.CoreV1Api(c.api_client()).list_namespaced_pod(namespace).items]
+
+
+def test_a_template_the_crd_takes_and_the_pod_api_refuses_fails_the_job_naming_the_field(running_operator, namespace):
+    c = running_operator
+    manifest = job_manifest("refused", [("procs", 2)], ["-m", "train"], kwok=True)
+    manifest["spec"]["template"]["spec"]["containers"] = [{"name": "side", "image": "busybox", "imagePullPolicy": "Sometimes"}]
+    _, offline = validate.check_manifest(manifest)
+    assert offline == []  # the schema's types hold; only the Pod API knows imagePullPolicy's values
+    apply(c, namespace, manifest)
+    job = wait_phase(c, namespace, "refused", "Failed", timeout=60)
+    st = status_of(job)
+    assert st["reason"] == "InvalidSpec"
+    assert 'spec.template.spec.containers[0].imagePullPolicy: Unsupported value: "Sometimes"' in st["failure"]["message"], \
+        st["failure"]["message"]
+    wait_until(lambda: not [p for p in job_pods(c, namespace, "refused") if not p.metadata.deletion_timestamp], 30,
+               "no pod of the refused job left")

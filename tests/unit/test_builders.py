@@ -436,11 +436,12 @@ def test_a_monarch_pod_keeps_the_templates_own_port_and_probe():
                                          "ports": [{"name": "metrics", "containerPort": 9090}]}]}}
     c = trainer(builders.build_pod(JOB, monarch_spec(template=template), 0, 0))
     assert c["readinessProbe"] == probe
-    assert c["ports"] == [{"name": "metrics", "containerPort": 9090},
+    # The template's own port is defaulted as the API server defaults it (protocol TCP).
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9090, "protocol": "TCP"},
                           {"name": "monarch", "containerPort": 26600, "protocol": "TCP"}]
     named = {"spec": {"containers": [{"name": "trainer", "ports": [{"name": "monarch", "containerPort": 26600}]}]}}
     assert trainer(builders.build_pod(JOB, monarch_spec(template=named), 0, 0))["ports"] == [
-        {"name": "monarch", "containerPort": 26600}]
+        {"name": "monarch", "containerPort": 26600, "protocol": "TCP"}]
 
 
 # --- restart in place ----------------------------------------------------------------------------
