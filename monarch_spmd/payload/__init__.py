@@ -15,6 +15,10 @@ Modules:
         coordinator in rank 0's agent (docs/restart-in-place.md), the watchdog, the progress timeout.
     rendezvous: the restart-in-place protocol's messages and the coordinator's pure state machine.
     gang: a round's local processes: start together, stop together, rank-prefixed output.
+    member: a member's side of a round as a pure state machine (the agent carries out its actions).
+    follow: an observer's client of the coordinator's stream (the agent's, the runner's, the operator's).
     timer: torchrun's file-timer watchdog, served from the agent's loop.
+    hangs: a hung round's Python stacks, taken before its ranks end (SIGABRT and faulthandler).
+    stacks: reading those stacks, and the rule that names the rank that hangs the gang.
     failures: which failures are permanent (shared with monarch_spmd.policy).
 """

@@ -18,7 +18,9 @@ with its first failure's code, so the operator recreates the gang.
 
 In each round the agent also enforces torchrun's watchdog (TORCHELASTIC_ENABLE_FILE_TIMER) and
 the progress timeout: a rank whose timer expires, or that writes nothing for the timeout, is
-killed and its exit is the round's failure (WatchdogTimeout, NoProgress).
+hung. Before the round's ranks end, every Python rank's stack is taken (:mod:`.hangs`: SIGABRT,
+faulthandler writes it to the rank's output) and the rank that :mod:`.stacks`' rule blames is the
+round's failure (WatchdogTimeout, NoProgress); without stacks to take the hung rank is killed.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from . import follow, gang, member, rendezvous, timer
+from . import follow, gang, hangs, member, rendezvous, stacks, timer
 from .names import EX_TEMPFAIL
 
 _PREFIX: Final = "monarch-spmd worker"
@@ -658,6 +660,9 @@ class Agent:
         self.reaper = os.getpid() == 1
         self.reaped = 0
         self.reaped_at = 0.0
+        #: A hung round's stacks being taken (:mod:`.hangs`); Python ranks with faulthandler only.
+        self.capture: hangs.Capture | None = None
+        self.stacks = stacks.dumps_stacks(self.command)
 
     @property
     def round(self) -> int:
@@ -756,8 +761,10 @@ class Agent:
         code = failed.code or 1
         if self.s.procs == 1:
             return code  # the pod's log and exit code say it all, as before
-        line = self._failure_line(failed.member.rank, failed.member.local_rank, code,
-                                  "stopped the other local ranks")
+        outcome = "stopped the other local ranks"
+        if failed.reason in (rendezvous.REASON_WATCHDOG, rendezvous.REASON_NO_PROGRESS) and failed.message:
+            outcome = f"{failed.reason} ({rendezvous.cut(failed.message, 1024)}); {outcome}"  # the rank to blame
+        line = self._failure_line(failed.member.rank, failed.member.local_rank, code, outcome)
         return self._exit(_Verdict(code, line, list(failed.tail)))
 
     def _serve(self) -> int:
@@ -851,7 +858,8 @@ class Agent:
         if r != self.s.first_round:
             self.say(f"restart {r}: starting {self.ranks()} again (TORCHELASTIC_RESTART_COUNT={r})")
         self.oom_base = oom_kills()
-        self.group = gang.Gang(members, self.out, self.s.grace, on_failure=self._on_failure,
+        self.capture = None
+        self.group = hangs.Gang(members, self.out, self.s.grace, on_failure=self._on_failure,
                                preexec=parent_death_hook(signal.SIGKILL), selector=self.selector)
         self.group.start(between=self._heartbeat)  # a slow start must not look like a lost agent
         if self.received:  # a signal came while they started: they get it too
@@ -876,18 +884,54 @@ class Agent:
         alive = self.group.step(TICK)
         now = time.monotonic()
         self._reap(now)
+        if self.capture is not None:
+            if self.capture.done():
+                self._captured()
+            return bool(self.group.running())
         if self.watchdog is not None:
             self._check_timers()
-        if self.s.progress_timeout > 0 and not self.group.stop_deadline:
-            for proc in self.group.running():
-                idle = now - proc.last_output
-                if idle >= self.s.progress_timeout and proc.reason is None:
-                    message = (f"rank {proc.member.rank} wrote nothing for {idle:.0f}s (progress timeout "
-                               f"{self.s.progress_timeout:g}s)")
-                    if self.s.output_in_failures:
-                        message += f"; last line: {proc.last_line or '(no output)'}"
-                    self.group.kill(proc, rendezvous.REASON_NO_PROGRESS, message)
+        if self.s.progress_timeout > 0 and not self.group.stop_deadline and self.capture is None:
+            silent = [p for p in self.group.running()
+                      if now - p.last_output >= self.s.progress_timeout and p.reason is None]
+            for proc in sorted(silent, key=lambda p: p.last_output)[:1]:  # the one silent longest
+                self._hung(proc, rendezvous.REASON_NO_PROGRESS, "went silent first", self._silence)
         return alive
+
+    def _silence(self, proc: gang.Proc) -> str:
+        """The progress timeout's words about a rank: how long it has been silent, its last line."""
+        idle = time.monotonic() - proc.last_output
+        message = (f"rank {proc.member.rank} wrote nothing for {idle:.0f}s (progress timeout "
+                   f"{self.s.progress_timeout:g}s)")
+        if self.s.output_in_failures:
+            message += f"; last line: {proc.last_line or '(no output)'}"
+        return message
+
+    def _hung(self, proc: gang.Proc, reason: str, why: str, describe: Callable[[gang.Proc], str],
+              exempt: gang.Proc | None = None) -> None:
+        """``proc`` hangs: every rank's stack is taken before the round's ranks end
+        (:class:`.hangs.Capture`), and the rank the rule names is the failure; without stacks to
+        take (not a Python rank with faulthandler, a round already stopping) ``proc`` is killed
+        at once (SIGKILL), unless ``exempt`` says it was killed already."""
+        assert self.group is not None
+        if not self.stacks or self.group.stop_deadline or not isinstance(self.group, hangs.Gang):
+            if exempt is None:
+                self.group.kill(proc, reason, describe(proc))
+            else:
+                proc.reason, proc.message = reason, describe(proc)
+            return
+        self.say(f"rank {proc.member.rank} hangs ({reason}); taking every local rank's Python stack "
+                 f"(SIGABRT: faulthandler writes it under the rank's prefix) before they end")
+        self.capture = hangs.Capture.start(self.group, proc, reason, why, describe, exempt)
+
+    def _captured(self) -> None:
+        """Every rank of the capture has ended: the rule names the rank to blame, the failure."""
+        capture, group = self.capture, self.group
+        assert capture is not None and isinstance(group, hangs.Gang)
+        self.capture = None
+        verdict = capture.finish(group, detail=self.s.output_in_failures)
+        self.say(f"{capture.reason}: {verdict.sentence}")
+        hangs.fail(group, capture.proc(verdict.rank), capture.reason,
+                   capture.message(verdict, detail=self.s.output_in_failures))
 
     def _select(self, timeout: float) -> None:
         if not self.selector.get_map():
@@ -911,19 +955,22 @@ class Agent:
                 except OSError:
                     proc = None
             self.watchdog.timers.clear([request.pid])
-            if proc is None:
-                continue  # not a process of this agent's round
-            try:
-                os.kill(request.pid, request.signal)
-            except OSError:
-                pass
+            if proc is None or self.capture is not None:
+                continue  # not a process of this agent's round, or its stack is being taken
+            # The rank gets its timer's signal (SIGKILL by default, as torchrun's agent sends it);
+            # a timer whose signal is SIGABRT lets the capture take the rank's own stack too.
+            own = request.pid == proc.pid
+            abort = own and request.signal == signal.SIGABRT and self.stacks and not self.group.stop_deadline
+            if not abort:
+                try:
+                    os.kill(request.pid, request.signal)
+                except OSError:
+                    pass
             name = gang.signal_name(-request.signal) or str(request.signal)
             message = (f"watchdog timer {request.scope_id!r} of rank {proc.member.rank} (pid {request.pid}) expired; "
                        f"killed with {name}")
-            if request.pid == proc.pid:
-                proc.reason, proc.message = rendezvous.REASON_WATCHDOG, message
-            else:
-                self.group.kill(proc, rendezvous.REASON_WATCHDOG, message)
+            self._hung(proc, rendezvous.REASON_WATCHDOG, "whose watchdog timer expired", lambda _p, m=message: m,
+                       exempt=proc if own and not abort else None)
 
     def _on_failure(self, proc: gang.Proc) -> None:
         """The first process of the round to fail: report it at once (the gang stops the others)."""

@@ -151,7 +151,7 @@ if __name__ == "__main__" and not __package__:
     _spec.loader.exec_module(_package)
     sys.exit(importlib.import_module(f"{_spec.name}.worker").main())
 
-from . import agent, contract, gang, rendezvous, timer
+from . import agent, contract, gang, rendezvous, stacks, timer
 from .names import (
     AGENT_ADDR_VAR,
     AGENT_PORT_VAR,
@@ -792,7 +792,12 @@ def run_agent(inputs: WorkerInputs, command: Sequence[str], base: Mapping[str, s
         return {**clean, **build_env(this, clean, local)}
 
     out = gang.Prefixer(gang.stream_writer(sys.stdout, sys.stderr))
-    return agent.Agent(agent_settings(inputs, base), command, env_for, out).run()
+    settings = agent_settings(inputs, base)
+    if settings.progress_timeout > 0 or settings.watchdog:
+        # A hang detector is armed: a hung rank's stack is taken before it ends (SIGABRT makes
+        # faulthandler write it); the option changes neither the rank's argv nor its environment.
+        command = stacks.with_faulthandler(command)
+    return agent.Agent(settings, command, env_for, out).run()
 
 
 #: The child a Monarch-mode worker runs (``python -c MONARCH_BOOTSTRAP ADDRESS``): Monarch's

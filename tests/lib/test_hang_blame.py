@@ -1,0 +1,103 @@
+"""A hung gang names the rank that hangs it, with every rank's Python stack in the output.
+
+`monarch-spmd run --nproc-per-node 3 --progress-timeout N` runs tests/programs/stuck_rank.py (a
+gloo training loop) whose rank 1 hangs in one of three ways while ranks 0 and 2 wait for it in an
+all_reduce: it sleeps, it spins in a busy loop, or it skips the rest of the loop and waits in the
+final barrier. Whichever rank went silent first, the root cause must name rank 1 and where it is,
+and every rank's dump must be in the output under its prefix. Each kind runs RUNS times (a few
+gangs at once, started one after the other as the previous one's ranks finished importing torch,
+so the imports of a loaded machine do not add up into the ranks' silence); at least NEEDED of
+each kind must name rank 1.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+from .conftest import cli_cmd
+
+PROGRAMS = "tests.programs"
+RUNS = 10
+NEEDED = 9
+#: Longer than importing torch and joining the gloo group take on a loaded 2-core machine.
+PROGRESS_TIMEOUT = "15"
+AT_ONCE = 5
+#: What the root cause must say for each kind of hang (after ``NoProgress (``).
+KINDS = {
+    "sleep": r"rank 1 is not in a collective \(at stuck_rank\.py:\d+ in main\); ranks 0, 2 wait in all_reduce",
+    "spin": r"rank 1 is not in a collective \(at stuck_rank\.py:\d+ in spin\); ranks 0, 2 wait in all_reduce",
+    "skip": (r"rank 1 waits in barrier \(at stuck_rank\.py:\d+ in main\), apart from its peers; "
+             r"ranks 0, 2 wait in all_reduce"),
+}
+
+
+def _started(reader) -> bool:
+    """Every rank has imported torch (it printed its first step) or the run is over."""
+    return reader.proc.poll() is not None or len(re.findall(r"stuck_rank rank \d step 0", reader.text)) >= 3
+
+
+def _named_rank_1(kind: str, code: int, text: str) -> str | None:
+    """Why the run did not name rank 1 as it should, or None."""
+    last = text.rstrip().splitlines()[-1] if text.strip() else ""
+    expected = (r"^\[monarch-spmd\] job failed: rank 1 was killed by SIGABRT \(exit code 134\): NoProgress \("
+                + KINDS[kind])
+    if code != 134 or not re.search(expected, last):
+        return f"exit code {code}, last line {last[:400]!r}"
+    dumps = {int(r) for r in re.findall(r"^\[rank (\d)\] Fatal Python error: Aborted$", text, re.M)}
+    if dumps != {0, 1, 2}:
+        return f"dumps of ranks {sorted(dumps)} only"
+    frames = re.search(r"innermost frames of rank 1: ([^;)]*)", last)
+    if not frames or "stuck_rank.py:" not in frames.group(1):
+        return f"no frames of rank 1 in {last!r}"
+    return None
+
+
+def test_the_rank_that_hangs_the_gang_is_named_in_nine_of_ten_runs_of_each_kind(spawn):
+    queue = [kind for _ in range(RUNS) for kind in KINDS]  # the kinds interleaved
+    running: list[tuple[str, object]] = []
+    misses: dict[str, list[str]] = {kind: [] for kind in KINDS}
+    began = time.monotonic()
+    while queue or running:
+        if queue and len(running) < AT_ONCE and all(_started(r) for _, r in running):
+            kind = queue.pop(0)
+            cmd = cli_cmd("run", "--nproc-per-node", "3", "--progress-timeout", PROGRESS_TIMEOUT,
+                          "-m", f"{PROGRAMS}.stuck_rank", "--hang", kind)
+            running.append((kind, spawn(cmd)))
+            continue
+        for item in [item for item in running if item[1].proc.poll() is not None]:
+            kind, reader = item
+            running.remove(item)
+            code = reader.finish(60)
+            why = _named_rank_1(kind, code, reader.text)
+            if why is not None:
+                misses[kind].append(why)
+        time.sleep(0.1)
+    rates = {kind: f"{RUNS - len(m)}/{RUNS}" for kind, m in misses.items()}
+    print(f"rank 1 named: {rates} in {time.monotonic() - began:.0f}s")
+    for kind, whys in misses.items():
+        for why in whys:
+            print(f"missed ({kind}): {why}")
+    assert all(RUNS - len(m) >= NEEDED for m in misses.values()), (rates, misses)
+
+
+def test_torchruns_watchdog_takes_the_stacks_too_and_names_the_rank_that_hangs(spawn):
+    """Every step under ``expires(after=8)`` with torch's default SIGKILL: the first rank whose
+    timer expires gets SIGKILL (no stack), as torchrun's agent sends it; the others are captured,
+    and the failure names rank 1 (the rule's culprit, or the expired rank when that is rank 1)."""
+    env = {**os.environ, "TORCHELASTIC_ENABLE_FILE_TIMER": "1"}
+    reader = spawn(cli_cmd("run", "--nproc-per-node", "3", "-m", f"{PROGRAMS}.stuck_rank", "--hang", "sleep",
+                           "--watchdog", "8"), env=env)
+    code = reader.finish(240)
+    text = reader.text
+    last = text.rstrip().splitlines()[-1]
+    expired = int(re.search(r"watchdog timer 'step2' of rank (\d)", last).group(1))
+    dumps = {int(r) for r in re.findall(r"^\[rank (\d)\] Fatal Python error: Aborted$", text, re.M)}
+    assert dumps == {0, 1, 2} - {expired}, (dumps, expired, text[-3000:])
+    if expired == 1:
+        assert code == 137 and "job failed: rank 1 was killed by SIGKILL (exit code 137): WatchdogTimeout" in last
+    else:
+        assert code == 134, text[-3000:]
+        assert re.search(r"job failed: rank 1 was killed by SIGABRT \(exit code 134\): WatchdogTimeout \(rank 1 is not "
+                         r"in a collective \(at stuck_rank\.py:\d+ in main\); rank \d waits in all_reduce", last), last
