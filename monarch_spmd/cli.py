@@ -6,6 +6,8 @@ Subcommands::
     monarch-spmd run -f job.yaml [options] [-- ARGV]       # the SPMDJob manifest kubectl applies
     monarch-spmd run --nproc-per-node 4 train.py --lr 0.1  # torchrun's flags (monarch_spmd.torchrun)
     monarch-spmd manifest --image IMAGE -- torchrun --nnodes 2 --nproc-per-node 8 -m train
+    monarch-spmd manifest ... --pods -- torchrun ...       # the pods the operator makes of it
+    monarch-spmd pods -f job.yaml [-o yaml|json|table] [--dry-run=server]
     monarch-spmd worker -- -m train --lr 0.001             # the in-pod worker (see worker.py)
     monarch-spmd logs JOB [--rank R] [-f]                   # every rank's log of an SPMDJob
     monarch-spmd status [JOB] [-o wide|json|yaml] [-w]      # SPMDJobs and why each is in its phase
@@ -16,10 +18,13 @@ Subcommands::
 ``kubectl spmd status|logs|validate ...``.
 
 With ``--mesh`` or a manifest, everything after the first ``--`` is the training argv, passed on
-untouched. Otherwise ``run`` reads torchrun's command line (:mod:`monarch_spmd.torchrun`): its
-flags, then the script and the script's arguments, ``--`` before the script allowed. ``run`` is
+untouched (but for torchrun's flags ahead of it). Otherwise ``run`` reads torchrun's command line
+(:mod:`monarch_spmd.torchrun`): its flags, then the script and the script's arguments, ``--``
+before the script allowed. torchrun's flags may also follow ``--``, with or without the word
+torchrun, meaning what they mean before it. ``run`` is
 :mod:`monarch_spmd.runner`, ``manifest`` prints the SPMDJob of a torchrun command line,
-``worker`` is :mod:`monarch_spmd.payload.worker`, ``logs`` is :mod:`monarch_spmd.logs`.
+``worker`` is :mod:`monarch_spmd.payload.worker`, ``logs`` is :mod:`monarch_spmd.logs`, ``pods``
+(and ``manifest --pods``) is :mod:`monarch_spmd.podview`.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from typing import Any
 from . import runner, torchrun
 from .payload import contract, names, worker
 
-USAGE = """usage: monarch-spmd {run,manifest,worker,logs,status,validate} ...
+USAGE = """usage: monarch-spmd {run,manifest,pods,worker,logs,status,validate} ...
        monarch-spmd --version
 
   run     run an SPMD job locally, one process per proc:
@@ -47,6 +52,8 @@ USAGE = """usage: monarch-spmd {run,manifest,worker,logs,status,validate} ...
           monarch-spmd run --nnodes 2 --nproc-per-node 4 train.py --lr 0.1   (torchrun's flags)
   manifest  the SPMDJob of a torchrun command line, for kubectl apply:
           monarch-spmd manifest --image IMAGE -- torchrun --nnodes 2 --nproc-per-node 8 -m train
+  pods    the pods the operator creates for an SPMDJob, or the API server's word on them:
+          monarch-spmd pods -f job.yaml [-o yaml|json|table] [--dry-run=server]
   worker  the in-pod worker: monarch-spmd worker -- -m train ...
   logs    the logs of an SPMDJob's ranks: monarch-spmd logs JOB [--rank R] [-f]
   status  SPMDJobs and why each is in its phase: monarch-spmd status [JOB] [-n NS | -A] [-o wide|json|yaml] [-w]
@@ -90,7 +97,8 @@ def _run_parser() -> argparse.ArgumentParser:
     flags = p.add_argument_group(
         "torchrun's flags",
         "torchrun's command line (torch 2.14), read as torchrun reads it; --max-restarts and --master-port "
-        "also go with --mesh and -f. See the README's 'Coming from torchrun'.")
+        "also go with --mesh and -f. They may also come after '--' (with or without the word torchrun). See "
+        "the README's 'Coming from torchrun'.")
     torchrun.add_arguments(flags)
     p.add_argument("script", nargs="?", metavar="SCRIPT | job.yaml", help="the training script (with -m, a module), "
                    "or an SPMDJob manifest")
@@ -204,12 +212,21 @@ def run_main(argv: Sequence[str]) -> int:
     if opts.progress_timeout is not None and not 0 < opts.progress_timeout < float("inf"):
         parser.error(f"--progress-timeout: {opts.progress_timeout} is not valid; expected a number of seconds above 0")
     try:
+        if tail is not None and torchrun.starts_with_flag(tail):
+            # torchrun's flags after '--' without the word torchrun: read as they are before it.
+            after = torchrun.parse(tail, own=parser)
+            twice = [d for d in after.options if d in flags]
+            if twice:
+                parser.error(f"{torchrun.BY_DEST[twice[0]].name}: given before '--' and after it; give it once")
+            flags = {**flags, **after.options}
+            module = bool(opts.module or after.options.get("module"))
+            training = (["-m"] if module else []) + ([after.script, *after.script_args] if after.script else [])
         if torchrun.launcher_length(training):
             if opts.mesh or manifest or flags:
                 what = "--mesh" if opts.mesh else "-f" if manifest else "flags before it"
                 parser.error(f"the training argv starts with torchrun ({training[0]}) and {what} are given too: "
                              "give torchrun's command line alone (monarch-spmd run torchrun ...), or the script")
-            launch = torchrun.parse(training)
+            launch = torchrun.parse(training, own=parser)
             flags = dict(launch.options)
         else:
             launch = _launch(flags, training)
@@ -340,7 +357,7 @@ def _manifest_parser() -> argparse.ArgumentParser:
         "its procs as torchrun's agent does. The torchrun command line follows '--', with or without the "
         "word torchrun (or python -m torch.distributed.run). Notes on ignored flags go to stderr.",
         usage="monarch-spmd manifest --image IMAGE (--gpus-per-proc N | --nproc-per-node gpu [--node-gpus N]) "
-        "[--cpu CPU] [--memory SIZE] [--shm-size SIZE] [--name NAME] [--namespace NS] "
+        "[--cpu CPU] [--memory SIZE] [--shm-size SIZE] [--name NAME] [--namespace NS] [--pods] "
         "-- [torchrun] [torchrun's flags] (SCRIPT | -m MODULE) ARGS...",
         epilog="The GPU choice is explicit: --gpus-per-proc 1 gives every proc a GPU (a node's pod holds "
         "--nproc-per-node of them), --gpus-per-proc 0 runs on CPUs only; --nproc-per-node gpu means one proc "
@@ -362,6 +379,9 @@ def _manifest_parser() -> argparse.ArgumentParser:
                    "(default: none)")
     p.add_argument("--shm-size", metavar="SIZE", help=f"spec.shmSize, the size of /dev/shm, 1Mi..1Ti (default: half "
                    f"of --memory within that range, else {DEFAULT_SHM_SIZE})")
+    p.add_argument("--pods", action="store_true", help="print the pods the operator creates for the SPMDJob "
+                   "instead (built by its own pod builder; each with its procs' torchrun variables), as "
+                   "monarch-spmd pods -f job.yaml does")
     flags = p.add_argument_group("torchrun's flags", "may also come after '--' (see monarch-spmd run --help)")
     torchrun.add_arguments(flags)
     p.add_argument("script", nargs="?", metavar="SCRIPT", help="the training script (with -m, a module)")
@@ -381,14 +401,14 @@ def manifest_main(argv: Sequence[str]) -> int:
             if flags:
                 parser.error(f"{torchrun.BY_DEST[next(iter(flags))].name} before '--': give torchrun's command "
                              "line once, after '--'")
-            launch = torchrun.parse(tail)
+            launch = torchrun.parse(tail, own=parser)
         else:
             training, _ = _training(opts, None)
             if torchrun.launcher_length(training):
                 if flags:
                     parser.error(f"{torchrun.BY_DEST[next(iter(flags))].name} before {training[0]}: give torchrun's "
                                  "command line once")
-                launch = torchrun.parse(training)
+                launch = torchrun.parse(training, own=parser)
             else:
                 launch = _launch(flags, training)
         if not launch.script:
@@ -462,6 +482,15 @@ def manifest_main(argv: Sequence[str]) -> int:
         return 2
     for message in plan.notes:
         _note("monarch-spmd manifest:", message)
+    if opts.pods:
+        from . import podview
+
+        try:
+            sys.stdout.write(podview.render_yaml(podview.build(doc)))
+        except podview.PodsError as e:
+            print(f"monarch-spmd manifest: {e}", file=sys.stderr)
+            return 2
+        return 0
     command = shlex.join(args)
     if "\n" not in command and "\r" not in command:  # a comment is one line
         sys.stdout.write(f"# monarch-spmd manifest {command}\n")
@@ -519,6 +548,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_main(rest)
     if command == "manifest":
         return manifest_main(rest)
+    if command == "pods":
+        from . import podview
+
+        return podview.main(rest)
     if command == "worker":
         if rest[:1] in (["-h"], ["--help"]):  # before '--' and a training argv: help, not a script
             _worker_parser().print_help()

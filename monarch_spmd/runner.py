@@ -20,7 +20,9 @@ Behaviour, modelled on torchrun:
   coordinator on loopback, and a failed rank restarts the gang in place (TORCHELASTIC_RESTART_COUNT
   incremented, same MASTER_PORT, back-off between consecutive restarts) up to
   ``restartPolicy.maxRestarts`` times unless the failure is permanent (the operator's rule,
-  :mod:`monarch_spmd.payload.failures`); the runner watches as an observer and says what happens;
+  :mod:`monarch_spmd.payload.failures`); the runner watches as an observer and says what happens
+  (rank 0's worker waits for that observer before it joins its gang,
+  :data:`.payload.agent.OBSERVER_WAIT_VAR`, so a gang that fails at once is seen live too);
 * a worker that dies (killed) is replaced alone when it is not rank 0's, as the operator replaces
   a lost pod; when rank 0's worker dies the others exit 75 and the runner starts a new gang,
   counted as a restart;
@@ -74,6 +76,10 @@ DEFAULT_GRACE_PERIOD: Final = 5.0
 EX_DEADLINE: Final = 124
 #: A failed run's table lists every rank up to this many; beyond, the failed ones and a summary.
 TABLE_ROWS: Final = 32
+#: Seconds rank 0's worker waits, once its coordinator listens, for the runner's observer to be
+#: connected before it joins its gang (the observer retries every 50 ms, so this bounds only a
+#: runner that is gone or starved).
+OBSERVER_WAIT: Final = 10.0
 
 _TAG: Final = "[monarch-spmd]"
 
@@ -484,10 +490,14 @@ def _member(plan: _Plan, index: int, restart: int, disruptions: int = 0) -> gang
         **logs,
     )
     gpus = _gpu_env(job, first, procs, {**base, **plan.env}) if plan.gpus else {}
+    # Rank 0's worker (the coordinator) starts its gang once the runner's observer is connected, so
+    # that the observer sees every event live (a late one's welcome has no ``exited`` rows) and the
+    # table is the coordinator's however fast the gang fails.
+    wait = {agent.OBSERVER_WAIT_VAR: f"{OBSERVER_WAIT:g}"}
     return gang.Member(
         rank=first,
         command=[plan.python, "-m", "monarch_spmd.payload.worker", "--", *s.args],
-        env={**base, **inputs, **gpus, **plan.env},
+        env={**base, **inputs, **wait, **gpus, **plan.env},
         prefix=s.pod_layout != names.PER_HOST,  # a PerHost worker prefixes its procs' lines itself
         local_rank=index,
     )
@@ -723,7 +733,7 @@ def _run_gang(plan: _Plan, restart: int, out: gang.Prefixer, note: Any, deadline
                     lost.extend(_replace_lost(plan, group, view, note, handled))
                 if (coordinator_gone is None and group.procs[0].code is not None and view.final is None
                         and not expired and stopped_by is None):
-                    time.sleep(0.2)  # a verdict on its way decides first
+                    _hear_out(observer)  # a verdict on its way decides first
                     _follow(view, note, world)
                     if view.final is None:  # rank 0's worker (the coordinator) ended without one
                         coordinator_gone = group.procs[0].code
@@ -797,6 +807,16 @@ def _run_gang(plan: _Plan, restart: int, out: gang.Prefixer, note: Any, deadline
         return failing[0] if failing else 1
     note(f"{why}; recreating the gang (restart {last + 1} of at most {s.max_restarts})")
     return (last + 1,)
+
+
+def _hear_out(observer: agent.Observer, timeout: float = 10.0) -> None:
+    """Waits, once rank 0's worker (the coordinator) has ended, until the observer has read all it
+    was sent. The observer was connected before the gang started
+    (:data:`.payload.agent.OBSERVER_WAIT_VAR`) and the coordinator sends what is pending before it
+    closes, so once the connection has ended every event, the verdict too, is in the inbox; never
+    connected (the coordinator could not listen): nothing is on its way."""
+    if observer.connected.is_set():
+        observer.thread.join(timeout)
 
 
 def _follow(view: _View, note: Any, world: int) -> None:

@@ -329,19 +329,49 @@ def launcher_length(argv: Sequence[str]) -> int:
     return 0
 
 
-def parse(argv: Sequence[str]) -> Launch:
+def starts_with_flag(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` (what follows ``--``) starts with an option other than ``-m``: torchrun's
+    flags written without the word torchrun (a training argv is ``-m MODULE ...`` or
+    ``SCRIPT ...``, never an option)."""
+    return bool(argv) and argv[0].startswith("-") and argv[0] not in ("-", "-m", "--")
+
+
+def unknown_flag_error(word: str, own: argparse.ArgumentParser | None = None) -> TorchrunError:
+    """The error for ``word``, an option of a torchrun command line that is none of :data:`FLAGS`,
+    naming it and what to do; ``own`` is the command's parser (its options go before ``--``)."""
+    flag = word.split("=", 1)[0]
+    if own is not None and flag in own._option_string_actions:  # option string -> action, as in script_index
+        return TorchrunError(f"{flag}: an option of {own.prog}, not of torchrun: give it before '--' (torchrun's "
+                             "command line follows '--')")
+    return TorchrunError(f"unrecognized arguments: {flag} (not a torchrun flag monarch-spmd knows: docs/torchrun.md "
+                         "lists torch 2.14's and what each does here); check its spelling, drop it, or, if the "
+                         "training script takes it, put it after the script")
+
+
+def parse(argv: Sequence[str], *, own: argparse.ArgumentParser | None = None) -> Launch:
     """Parses a torchrun command line (``torchrun`` or ``python -m torch.distributed.run`` first,
     or neither): its flags, the script and the script's arguments.
 
+    Every flag of :data:`FLAGS` is read in each spelling torchrun accepts (``--max-restarts 3``,
+    ``--max_restarts=3``, ``-t3``), wherever the command line stands.
+
+    Args:
+        argv: the command line.
+        own: the parser of the monarch-spmd command it came with, whose options an error for an
+            unknown flag tells apart (they go before ``--``).
+
     Raises:
-        TorchrunError: for a flag torchrun does not have, a missing value, or
-            ``torch.distributed.launch``.
+        TorchrunError: for a flag torchrun does not have (naming it and what to do), a missing
+            value, or ``torch.distributed.launch``.
     """
     args = list(argv)
     args = args[launcher_length(args):]
     p = parser()
     head, rest = split_options(args, p)
-    ns = p.parse_args(head)
+    ns, unknown = p.parse_known_args(head)
+    flags = [w for w in unknown if w.startswith("-")]
+    if flags:
+        raise unknown_flag_error(flags[0], own)
     if rest is not None:
         if not rest:
             raise TorchrunError("no training script after '--'")

@@ -48,6 +48,22 @@ _PREFIX: Final = "monarch-spmd worker"
 TERMINATION_LOG: Final = "/dev/termination-log"
 #: Kubernetes keeps at most this many bytes of a termination message.
 TERMINATION_LIMIT: Final = 4096
+#: Seconds member 0 waits, once its coordinator listens, for an observer to be connected before
+#: it joins its gang (unset or 0: no wait). The local runner sets it: its observer then sees every
+#: event live, the ``exited`` rows of a gang that fails at once too (a late observer's welcome
+#: replays a history without them).
+OBSERVER_WAIT_VAR: Final = "MONARCH_SPMD_OBSERVER_WAIT"
+
+
+def observer_wait(environ: Mapping[str, str]) -> float:
+    """:data:`OBSERVER_WAIT_VAR` in seconds (0 when unset or not a number from 0 to 60)."""
+    try:
+        seconds = float(environ.get(OBSERVER_WAIT_VAR, "") or 0)
+    except ValueError:
+        return 0.0
+    return seconds if 0 <= seconds <= 60 else 0.0
+
+
 #: Signals that stop the agent; each is passed on to the processes as it is (torchrun's).
 STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 #: How often the agent's loop turns at the least (seconds).
@@ -181,6 +197,12 @@ class CoordinatorServer:
         with self.lock:
             self._apply(self.machine.start())
         self.thread.start()
+
+    def await_observer(self, seconds: float, interrupted: Callable[[], bool]) -> None:
+        """Waits up to ``seconds`` until an observer is connected (:data:`OBSERVER_WAIT_VAR`)."""
+        until = time.monotonic() + seconds
+        while not self.observers and time.monotonic() < until and not interrupted():
+            time.sleep(0.01)
 
     def stop(self) -> None:
         """Sends what is pending (a last ``fail`` or ``finish``), then closes every connection."""
@@ -730,6 +752,7 @@ class Agent:
                                              world_size=self.s.world_size, run_id=self.s.run_id, wall=time.time)
             self.server = CoordinatorServer(sock, machine, self.s.token)
             self.server.start()
+            self.server.await_observer(observer_wait(os.environ), lambda: bool(self.received))
             if self.s.bind_any:
                 addr = "127.0.0.1"  # its own coordinator, over loopback
         try:

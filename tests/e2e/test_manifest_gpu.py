@@ -2,12 +2,15 @@
 it is. The SPMDJob passes a server-side dry run, and so do the children the operator's own
 builders make from it (the pods with their GPU limits, CPU and memory requests, the GPU
 toleration and the sized /dev/shm; the worker ConfigMap; the master Service): the real API server
-checks them with field validation Strict, as when the operator creates them.
+checks them with field validation Strict, as when the operator creates them. `monarch-spmd pods
+--dry-run=server` makes the same check for a user and creates nothing.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -87,3 +90,41 @@ def test_the_dry_run_refuses_what_a_gpu_node_would_not_run(crd_installed, namesp
     result = dry_run(crd_installed, namespace, objects)
     assert result.returncode != 0
     assert "nvidia.com/gpu" in result.stderr and "must be equal to" in result.stderr, result.stderr
+
+
+def pods_command(cluster, *argv: str) -> subprocess.CompletedProcess:
+    """`monarch-spmd pods ...` with the test cluster's kubeconfig, as a user runs it."""
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    return subprocess.run([sys.executable, "-m", "monarch_spmd", "pods", *argv], capture_output=True, text=True,
+                          cwd=REPO_ROOT, env=env, timeout=120)
+
+
+def test_pods_dry_run_server_checks_every_pod_and_creates_nothing(crd_installed, namespace, tmp_path):
+    doc = manifest(*GPU_LINE)
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    result = pods_command(crd_installed, "-f", str(path), "--dry-run=server", "-n", namespace)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines() == [
+        f"pod/train-00000-r0-{i} accepted (server dry run in namespace {namespace}; nothing created)" for i in (0, 1)]
+
+    # A typo under the template: the template is typed, so it is refused before any pod is sent.
+    typo = copy.deepcopy(doc)
+    typo["spec"]["template"]["spec"]["nodeSelectr"] = {"gpu": "h100"}
+    path.write_text(yaml.safe_dump(typo))
+    refused = pods_command(crd_installed, "-f", str(path), "--dry-run=server", "-n", namespace)
+    assert refused.returncode != 0, refused.stdout + refused.stderr
+    assert "spec.template.spec.nodeSelectr: unknown field" in refused.stdout + refused.stderr
+
+    # A value the SPMDJob's schema takes but the Pod API refuses: the API server refuses the pod,
+    # and the field is named in the job's terms too.
+    doc["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] = "Sometimes"
+    path.write_text(yaml.safe_dump(doc))
+    refused = pods_command(crd_installed, "-f", str(path), "--dry-run=server", "-n", namespace)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    lines = refused.stdout.splitlines()
+    assert lines and lines[0].startswith("pod/train-00000-r0-0 refused (422): "), refused.stdout + refused.stderr
+    assert "imagePullPolicy" in lines[0], lines
+    assert any("spec.template.spec.containers[0].imagePullPolicy" in line for line in lines[1:]), lines
+
+    assert crd_installed.kubectl("get", "pods", "-n", namespace, "-o", "name").stdout.strip() == ""
