@@ -30,6 +30,7 @@ from monarch_spmd import podspec_openapi, podtemplate, schema, validate
 from monarch_spmd import spec as specmod
 from spmd_operator import kube
 from tests.unit.localserver import LocalServer
+from tests.unit.test_crd import walk
 
 ROOT = Path(__file__).resolve().parents[2]
 OPENAPI_IN_MODULE = "api/openapi-spec/v3/api__v1_openapi.json"
@@ -186,16 +187,6 @@ def test_the_subset_is_the_closure_of_the_pod_template_spec():
     assert podtemplate.closure(podspec_openapi.SCHEMAS) == podspec_openapi.SCHEMAS
     assert {"io.k8s.api.core.v1.PodSpec", "io.k8s.api.core.v1.Container", "io.k8s.api.core.v1.Toleration"} <= set(
         podspec_openapi.SCHEMAS)
-
-
-def walk(node: dict[str, Any], path: str = ""):
-    yield path, node
-    for key, child in (node.get("properties") or {}).items():
-        yield from walk(child, f"{path}.{key}")
-    if "items" in node:
-        yield from walk(node["items"], f"{path}[]")
-    if isinstance(node.get("additionalProperties"), dict):
-        yield from walk(node["additionalProperties"], f"{path}{{}}")
 
 
 @pytest.fixture(scope="module")
