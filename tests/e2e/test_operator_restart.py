@@ -95,10 +95,13 @@ def test_the_operator_started_afresh_to_give_memory_back_leaves_the_remaining_jo
     c = operator
     c.stop_operator()
     metrics_port = free_port()
+    # Its own namespace only: it waits for the children of every deleted job it sees to go, and
+    # the module's earlier tests leave theirs to the garbage collector (on a loaded machine they
+    # were still there after the 120 s this test waits, and it never started afresh).
     proc = c.start_replica("recycler", "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1",
                            "--resync-seconds", str(RESYNC_SECONDS), "--metrics-port", str(metrics_port),
                            "--memory-recycle-factor", "0.01", "--memory-recycle-min-mib", "0",
-                           lease_namespace=namespace)
+                           lease_namespace=namespace, scope=(f"--namespace={namespace}",))
     log = c.state_dir / "operator-recycler.log"
 
     def recycles() -> float | None:

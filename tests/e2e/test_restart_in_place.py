@@ -4,18 +4,24 @@ real processes, real gloo all_reduces and the real operator watching each gang's
 What a user sees is asserted: the job's status, its Events, its pods (the same uids across a
 restart in place, a new one only in place of a pod that was lost), and what each rank printed
 (TORCHELASTIC_RESTART_COUNT, its pid, the all_reduce after the restart). The training script,
-tests/programs/train_steps.py, is written as torchrun users write one.
+tests/programs/train_steps.py, is written as torchrun users write one; a hung gang's stacks and
+its culprit run tests/programs/stuck_rank.py in one pod of several procs (PerHost), as `monarch-spmd
+status` and `monarch-spmd logs` show them.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
+from devcluster.localcluster import REPO_ROOT
 from spmd_operator import names
 from tests.e2e.conftest import (apply, get_job, job_events, job_manifest, job_pods, job_ref, operator_args,
                                 pod_names, wait_job, wait_phase, wait_until)
@@ -221,3 +227,79 @@ def test_recreate_pods_still_recreates_the_gang(running_operator, namespace):
     env = {e.name for e in pods[0].spec.containers[0].env}
     assert "MONARCH_SPMD_AGENT_PORT" not in env
     assert "inPlace" not in job["status"]["failure"]
+
+
+#: What the last line of ``status.failure.message`` must begin with for each way rank 1 of stuck_rank.py hangs
+#: while ranks 0 and 2 wait for it in an all_reduce (tests/lib/test_hang_blame.py runs the same).
+HANGS = {
+    "sleep": r"rank 1 is not in a collective \(at stuck_rank\.py:\d+ in main\); ranks 0, 2 wait in all_reduce",
+    "spin": r"rank 1 is not in a collective \(at stuck_rank\.py:\d+ in spin\); ranks 0, 2 wait in all_reduce",
+    "skip": (r"rank 1 waits in barrier \(at stuck_rank\.py:\d+ in main\), apart from its peers; "
+             r"ranks 0, 2 wait in all_reduce"),
+}
+#: Longer than three ranks importing torch and joining the gloo group take on a loaded machine.
+HANG_TIMEOUT = 30
+
+
+def cli(c, *args: str) -> subprocess.CompletedProcess:
+    """``monarch-spmd <args>`` as a user runs it, with the test cluster's kubeconfig."""
+    return subprocess.run([sys.executable, "-m", "monarch_spmd", *args, "--kubeconfig", str(c.kubeconfig)],
+                          capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+
+
+def hung(name: str, kind: str) -> dict:
+    """One pod of 3 procs whose rank 1 hangs at step 2; no restart, so the first hang fails the job."""
+    m = job_manifest(name, [("hosts", 1), ("procs", 3)], ["-m", "tests.programs.stuck_rank", "--hang", kind],
+                     podLayout="PerHost", restartPolicy={"maxRestarts": 0, "progressTimeoutSeconds": HANG_TIMEOUT})
+    m["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 5
+    return m
+
+
+def test_a_hung_gang_fails_naming_the_rank_that_hangs_it_with_every_ranks_stack_in_its_log(running_operator,
+                                                                                         namespace):
+    """Rank 1 sleeps, spins in a busy loop, or skips to the final barrier (one job each) while its
+    peers wait in an all_reduce: the progress timeout takes every rank's stack (SIGABRT,
+    faulthandler), the job fails with rank 1 named and its frames in ``status.failure``, `status`
+    says so, and `logs` shows each rank's dump. The jobs start one after the other, as the
+    previous one's ranks finished importing torch, so a loaded machine's imports do not add up."""
+    c = running_operator
+    jobs = {kind: f"hang-{kind}" for kind in HANGS}
+
+    def imported(name: str) -> bool:
+        pods = job_pods(c, namespace, name)
+        log = c.pod_log(namespace, pods[0].metadata.name) if pods else ""
+        return len(set(re.findall(r"stuck_rank rank (\d) step 0", log))) == 3 or \
+            get_job(c, namespace, name).get("status", {}).get("phase") == "Failed"
+
+    for kind, name in jobs.items():
+        apply(c, namespace, hung(name, kind))
+        wait_until(lambda: imported(name), 240, f"{name}: every rank imported torch and joined the group")
+    for kind, name in jobs.items():
+        job = wait_phase(c, namespace, name, "Failed", timeout=180)
+        (pod,) = pod_names(job, 0, 1)
+        failure = job["status"]["failure"]
+        print(f"{name}: status.failure {json.dumps(failure, indent=1)}")
+        assert (failure["rank"], failure["reason"], failure["exitCode"], failure["pod"]) == (
+            1, "NoProgress", 134, pod), (kind, failure)
+        verdict = failure["message"].splitlines()[-1]  # after the rank's last lines of output
+        assert re.match(HANGS[kind], verdict), (kind, verdict)
+        assert "last line: stuck_rank rank 1 step 2" in verdict, (kind, verdict)
+        frames = re.search(r"; innermost frames of rank 1: (.*)$", verdict)
+        assert frames and "stuck_rank.py:" in frames.group(1), (kind, verdict)
+
+        described = cli(c, "status", name, "-n", namespace)
+        assert described.returncode == 0, described.stderr
+        print(described.stdout)
+        assert "rank 1 exit 134 (SIGABRT, NoProgress)" in described.stdout, described.stdout
+        assert re.search(HANGS[kind], described.stdout), described.stdout
+        assert re.search(rf"^  1 +1 +{pod} +proc-node-0 +134 \(SIGABRT\) .*<- first failure$", described.stdout, re.M)
+        assert described.stdout.count("by its worker after rank 1 failed") == 2, "ranks 0 and 2 stopped"
+        logged = cli(c, "logs", name, "-n", namespace)
+        assert logged.returncode == 0, logged.stderr
+        for rank in range(3):
+            dump = logged.stdout.split(f"[rank {rank}] Fatal Python error: Aborted\n", 1)
+            assert len(dump) == 2, (kind, rank, logged.stdout[-4000:])
+            assert re.search(rf'^\[rank {rank}\]   File ".*stuck_rank\.py", line \d+ in main$', dump[1], re.M), \
+                (kind, rank, dump[1][:3000])
+            if rank == 1:
+                print("\n".join(line for line in dump[1].splitlines() if line.startswith("[rank 1]"))[:1500])
