@@ -419,11 +419,12 @@ def _pod_rows(pod: Mapping[str, Any] | None, first: int, layout: _Layout) -> lis
 
 def _as_root(row: RankRow, failure: Mapping[str, Any]) -> RankRow:
     """The root cause's row, completed from ``status.failure`` where its pod says less (a pod
-    gone, or one still being deleted)."""
+    gone, or one still being deleted, or the container's generic ``Error`` where the worker
+    knew why: NoProgress, WatchdogTimeout ...)."""
     changes: dict[str, Any] = {"first": True}
     if row.code is None and failure.get("exitCode") is not None:
         changes.update(code=failure["exitCode"], exit=exit_text(failure["exitCode"]))
-    if failure.get("reason") and row.reason in ("", "the pod is being deleted"):
+    if failure.get("reason") and row.reason in ("", "the pod is being deleted", "Error"):
         changes["reason"] = str(failure["reason"])
     if row.pod == "-" and failure.get("pod"):
         changes.update(pod=str(failure["pod"]), node=str(failure.get("node") or "-"))

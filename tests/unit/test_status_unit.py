@@ -288,6 +288,20 @@ def test_the_per_rank_table_of_a_failed_job_marks_the_first_failure_and_ends_nam
                          "exit code 1 (Error)")
 
 
+def test_the_root_causes_row_says_why_the_worker_failed_it_where_the_container_says_error():
+    """A hung rank ends with SIGABRT (its stack taken): the container says Error, the worker knew
+    it was NoProgress; the other ranks keep their containers' reasons."""
+    body = failed_job()
+    body["status"]["failure"].update(exitCode=134, reason="NoProgress")
+    pods = [trainer_pod("gpt-1a2b3-r1-0", 0, 1, code=134, reason="Error"),
+            trainer_pod("gpt-1a2b3-r1-1", 1, 1, code=134, reason="Error", node="gpu-7")]
+    rows = {r.rank: r for r in status.rank_rows(body, pods)}
+    assert (rows[1].reason, rows[1].first) == ("NoProgress", True)
+    assert rows[0].reason == "Error"
+    body["status"]["failure"]["reason"] = "Error"
+    assert status.rank_rows(body, pods)[1].reason == "Error"
+
+
 def test_the_per_rank_table_reads_only_pods_of_this_jobs_uid():
     """A namesake's pods (deleted with --cascade=orphan: same name, same labels but the uid) never count."""
     old = [trainer_pod("gpt-9f9f9-r1-1", 1, 1, uid="uid-old", code=0, reason="Completed"),

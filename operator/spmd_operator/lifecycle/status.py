@@ -40,6 +40,20 @@ MESSAGE_CHARS = 2048
 VERDICT_LINE: Final = re.compile(
     r"^monarch-spmd worker: rank (\d+) exited with code (\d+)(?: \(local rank \d+\))? in restart (\d+); (.*)$")
 
+#: The most of a failure's last line that its one-line description keeps.
+DESCRIBED_LINE: Final = 300
+
+
+def clip(line: str, limit: int) -> str:
+    """``line`` cut to at most ``limit`` characters, at the last ``; `` or `` < `` (a stack
+    excerpt's frames) in its second half when there is one, so no word or frame is cut in two;
+    `` ...`` marks the cut."""
+    if len(line) <= limit:
+        return line
+    head = line[:limit - 4]
+    at = max(head.rfind("; "), head.rfind(" < "))
+    return (head[:at] if at >= limit // 2 else head) + " ..."
+
 
 @dataclass(frozen=True)
 class Failure:
@@ -65,7 +79,7 @@ class Failure:
         lines = [line for line in (self.message or "").strip().splitlines() if line.strip()]
         telling = [line for line in lines if not VERDICT_LINE.match(line)]
         if telling or lines:
-            text += f": {(telling or lines)[-1][:300]}"
+            text += f": {clip((telling or lines)[-1], DESCRIBED_LINE)}"
         return text
 
     def as_status(self, restart: int, now: dt.datetime) -> dict[str, Any]:
