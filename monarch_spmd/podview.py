@@ -334,16 +334,10 @@ def answer_of(pods: JobPods, view: PodView, status: int, text: str) -> Answer:
 
 
 def _in_job_terms(pods: JobPods, view: PodView, message: str) -> str:
-    """The refusal as the operator words it for the job (its strict-decoding rewrite where the
-    operator's client is installed, then :func:`spmd_operator.podpaths.translate`), or ""."""
+    """The refusal as the operator words it for the job (its strict-decoding rewrite, then
+    :func:`spmd_operator.podpaths.translate`), or ""."""
     _, _, podpaths = _operator()
-    text = message
-    try:
-        from spmd_operator.kube import strict_message  # needs the operator's extra (aiohttp, kopf)
-    except ImportError:
-        pass
-    else:
-        text = strict_message(message)
+    text = podpaths.strict_message(message)
     try:
         translated = podpaths.translate(pods.job, pods.spec, text, view.index, 0)
     except (ValueError, KeyError, IndexError, TypeError):

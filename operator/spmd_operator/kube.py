@@ -43,7 +43,6 @@ import itertools
 import json
 import logging
 import os
-import re
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Hashable, Mapping
@@ -55,6 +54,7 @@ import kopf
 import yaml
 
 from . import names
+from .podpaths import strict_message
 
 logger = logging.getLogger(__name__)
 
@@ -116,18 +116,6 @@ class KubeError(Exception):
 STRICT: Final = {"fieldValidation": "Strict"}
 #: The collections whose creates are Strict: what is built from the user's pod template.
 STRICT_COLLECTIONS: Final = frozenset({"pods"})
-_STRICT_FIELD: Final = re.compile(r'(unknown|duplicate) field "([^"]+)"')
-
-
-def strict_message(message: str) -> str:
-    """A refusal for fields its type does not have (``strict decoding error: unknown field
-    "spec.containers[0].resoures"``), written as the API server writes other invalid fields
-    (``spec.containers[0].resoures: unknown field``), each path before a colon, so that the
-    lifecycle can name the job's field it came from (:func:`spmd_operator.podpaths.translate`).
-    Any other message is returned as it is."""
-    if "strict decoding error" not in message:
-        return message
-    return _STRICT_FIELD.sub(lambda m: f"{m.group(2)}: {m.group(1)} field", message)
 
 
 class Fenced(Exception):

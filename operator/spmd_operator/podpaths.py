@@ -27,6 +27,20 @@ from monarch_spmd.spec import JobSpec
 from . import builders, names
 from .names import JobRef
 
+_STRICT_FIELD: Final = re.compile(r'(unknown|duplicate) field "([^"]+)"')
+
+
+def strict_message(message: str) -> str:
+    """A refusal for fields its type does not have (``strict decoding error: unknown field
+    "spec.containers[0].resoures"``), written as the API server writes other invalid fields
+    (``spec.containers[0].resoures: unknown field``), each path before a colon, so that the
+    lifecycle can name the job's field it came from (:func:`translate`). The operator's creates
+    and ``monarch-spmd pods --dry-run=server`` both use it. Any other message is returned as it is."""
+    if "strict decoding error" not in message:
+        return message
+    return _STRICT_FIELD.sub(lambda m: f"{m.group(2)}: {m.group(1)} field", message)
+
+
 #: The key under which a template entry carries its own path while a pod is built from it.
 _SOURCE: Final = "\x00source"
 _TOKEN: Final = re.compile(r"\.?([A-Za-z_$][A-Za-z0-9_$-]*)|\[([^\]]*)\]")
