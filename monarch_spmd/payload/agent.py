@@ -354,6 +354,12 @@ class CoordinatorServer:
             self._apply(m.failure(member, r, message, now))
         elif kind == rendezvous.EXITED:
             self._apply(m.exited(member, r, message["procs"], now))
+        elif kind == rendezvous.HANG:
+            self._apply(m.hang(member, r, message, now))
+        elif kind == rendezvous.FROZEN:
+            self._apply(m.frozen(member, r, now))
+        elif kind == rendezvous.STACKS:
+            self._apply(m.stacks(member, r, message["ranks"], message["detail"], now))
         elif kind == rendezvous.LEAVE:
             self._lost(conn, rendezvous.LOST_LEFT)
         elif kind == rendezvous.HEARTBEAT:
@@ -631,6 +637,17 @@ def reap_orphans(known: Collection[int]) -> int:
 REAP_EVERY: Final = 1.0
 
 
+def _within(lines: Sequence[str], budget: int) -> list[str]:
+    """The last of ``lines`` that fit in ``budget`` characters together (the newest kept)."""
+    out: list[str] = []
+    for line in reversed(lines):
+        budget -= len(line) + 4
+        if budget < 0:
+            break
+        out.append(line)
+    return out[::-1]
+
+
 def failure_line(rank: int, local: int | None, code: int, restart: int, outcome: str) -> str:
     """The last line of a failed agent's log and termination message, the same in every pod of
     the gang (docs/restart-in-place.md); the operator reads the rank and the restart from it."""
@@ -684,6 +701,13 @@ class Agent:
         self.reaped_at = 0.0
         #: A hung round's stacks being taken (:mod:`.hangs`); Python ranks with faulthandler only.
         self.capture: hangs.Capture | None = None
+        #: The capture's states go to the coordinator (a gang's capture), not to a local verdict.
+        self.capture_for_gang = False
+        #: A hang this agent reported (``hang`` sent) and the coordinator has not answered yet:
+        #: (when, the hung rank, reason, why, describe, exempt).
+        self.hang_pending: tuple[float, gang.Proc, str, str, Callable[[gang.Proc], str], gang.Proc | None] | None = None
+        #: Ranks of this round killed by their watchdog timer in a gang (no stack): what was said.
+        self.exempted: dict[gang.Proc, str] = {}
         self.stacks = stacks.dumps_stacks(self.command)
 
     @property
@@ -708,6 +732,7 @@ class Agent:
     def _on_signal(self, signum: int, _frame: object) -> None:
         self.received.append(signum)
         orphaned = os.getppid() != self.parent
+        self._thaw()
         if self.group is not None:
             # In a pod the kubelet decides when it is enough; a worker whose runner is gone
             # (the parent-death signal) ends its processes itself, after the grace period.
@@ -839,8 +864,13 @@ class Agent:
             elif do.what == member.START:
                 self._start_round(do.round)
             elif do.what == member.STOP:
+                self._thaw()
                 if self.group is not None and not self.received:  # a signal already told them: no second one
                     self.group.stop()
+            elif do.what == member.FREEZE:
+                self._freeze(do.reason)
+            elif do.what == member.DUMP:
+                self._dump()
             elif do.what == member.SIGNAL_EXIT:
                 group = self.group
                 assert group is not None
@@ -882,6 +912,9 @@ class Agent:
             self.say(f"restart {r}: starting {self.ranks()} again (TORCHELASTIC_RESTART_COUNT={r})")
         self.oom_base = oom_kills()
         self.capture = None
+        self.capture_for_gang = False
+        self.hang_pending = None
+        self.exempted = {}
         self.group = hangs.Gang(members, self.out, self.s.grace, on_failure=self._on_failure,
                                preexec=parent_death_hook(signal.SIGKILL), selector=self.selector)
         self.group.start(between=self._heartbeat)  # a slow start must not look like a lost agent
@@ -911,9 +944,17 @@ class Agent:
             if self.capture.done():
                 self._captured()
             return bool(self.group.running())
+        if self.hang_pending is not None and now - self.hang_pending[0] >= rendezvous.HANG_WAIT_SECONDS:
+            _, proc, reason, why, describe, exempt = self.hang_pending
+            self.hang_pending = None
+            self.say(f"the coordinator did not answer rank {proc.member.rank}'s hang within "
+                     f"{rendezvous.HANG_WAIT_SECONDS:g}s; judging this pod's ranks alone")
+            self._capture_here(proc, reason, why, describe, exempt)
+            return bool(self.group.running())
         if self.watchdog is not None:
             self._check_timers()
-        if self.s.progress_timeout > 0 and not self.group.stop_deadline and self.capture is None:
+        if (self.s.progress_timeout > 0 and not self.group.stop_deadline and self.capture is None
+                and self.hang_pending is None):
             silent = [p for p in self.group.running()
                       if now - p.last_output >= self.s.progress_timeout and p.reason is None]
             for proc in sorted(silent, key=lambda p: p.last_output)[:1]:  # the one silent longest
@@ -929,12 +970,23 @@ class Agent:
             message += f"; last line: {proc.last_line or '(no output)'}"
         return message
 
+    def _quiet(self, proc: gang.Proc) -> str:
+        """What a rank of a hung gang that no detector of this agent named did: its silence."""
+        if self.s.progress_timeout > 0:
+            return self._silence(proc)
+        message = f"rank {proc.member.rank} wrote nothing for {time.monotonic() - proc.last_output:.0f}s"
+        if self.s.output_in_failures:
+            message += f"; last line: {proc.last_line or '(no output)'}"
+        return message
+
     def _hung(self, proc: gang.Proc, reason: str, why: str, describe: Callable[[gang.Proc], str],
               exempt: gang.Proc | None = None) -> None:
-        """``proc`` hangs: every rank's stack is taken before the round's ranks end
-        (:class:`.hangs.Capture`), and the rank the rule names is the failure; without stacks to
-        take (not a Python rank with faulthandler, a round already stopping) ``proc`` is killed
-        at once (SIGKILL), unless ``exempt`` says it was killed already."""
+        """``proc`` hangs: every rank's stack is taken before the round's ranks end, and the rank
+        the rule names is the failure. In a gang the coordinator is told (``hang``): it has every
+        member freeze its ranks and dump their stacks, and judges them all; an agent alone takes
+        its own (:meth:`_capture_here`). Without stacks to take (not a Python rank with
+        faulthandler, a round already stopping) ``proc`` is killed at once (SIGKILL), unless
+        ``exempt`` says it was killed already."""
         assert self.group is not None
         if not self.stacks or self.group.stop_deadline or not isinstance(self.group, hangs.Gang):
             if exempt is None:
@@ -942,19 +994,101 @@ class Agent:
             else:
                 proc.reason, proc.message = reason, describe(proc)
             return
+        if self.link is None:
+            self._capture_here(proc, reason, why, describe, exempt)
+            return
+        if exempt is not None:
+            exempt.stopped = True  # killed by its timer, reported with the gang's stacks (no stack of its own)
+            self.exempted[exempt] = describe(exempt)
+        if self.hang_pending is not None or self.capture is not None:
+            return  # one hang at a time: the gang's capture covers this rank too
+        self.hang_pending = (time.monotonic(), proc, reason, why, describe, exempt)
+        self.say(f"rank {proc.member.rank} hangs ({reason}); asking the coordinator to have every rank of "
+                 f"the gang write its Python stack (SIGABRT: faulthandler writes it under the rank's prefix)")
+        self.link.send({"type": rendezvous.HANG, "round": self.round, "rank": proc.member.rank, "reason": reason,
+                        "message": rendezvous.cut(describe(proc), rendezvous.MAX_TEXT), "at": time.time()})
+
+    def _capture_here(self, proc: gang.Proc, reason: str, why: str, describe: Callable[[gang.Proc], str],
+                      exempt: gang.Proc | None) -> None:
+        assert isinstance(self.group, hangs.Gang)
         self.say(f"rank {proc.member.rank} hangs ({reason}); taking every local rank's Python stack "
                  f"(SIGABRT: faulthandler writes it under the rank's prefix) before they end")
         self.capture = hangs.Capture.start(self.group, proc, reason, why, describe, exempt)
+        self.capture_for_gang = False
+
+    def _thaw(self) -> None:
+        """Ranks frozen for a gang's capture that is called off (a stop, a signal, a lost
+        coordinator) write their stacks and end now: a stopped process would not see a stop signal."""
+        if self.capture is not None and self.capture.frozen:
+            self.capture.abort()
+
+    def _freeze(self, reason: str) -> None:
+        """The coordinator's ``freeze``: this agent's running ranks stop (SIGSTOP) for their
+        stacks; ``frozen`` says so (also when none runs)."""
+        assert self.link is not None
+        group = self.group
+        if (self.capture is None and isinstance(group, hangs.Gang) and not group.finished and group.running()
+                and self.stacks and not group.stop_deadline):
+            if self.hang_pending is not None:
+                _, proc, reason, why, describe, exempt = self.hang_pending
+            else:
+                proc = min(group.running(), key=lambda p: p.last_output)
+                why, describe, exempt = "went silent first", self._quiet, None
+            self.capture = hangs.Capture.freeze(group, proc, reason, why, describe, exempt)
+            self.capture_for_gang = True
+        self.hang_pending = None
+        self.link.send({"type": rendezvous.FROZEN, "round": self.round})
+
+    def _dump(self) -> None:
+        """The coordinator's ``dump``: the frozen ranks write their stacks and end; ``stacks``
+        follows when they have (:meth:`_captured`), at once when this agent froze none."""
+        assert self.link is not None
+        if self.capture is not None and self.capture_for_gang:
+            ranks = [p.member.rank for p in self.capture.aborted]
+            if ranks:
+                self.say(f"a rank of the gang hangs ({self.capture.reason}): {stacks.ranks_words(ranks)} of this pod "
+                         f"write their Python stacks (SIGABRT: faulthandler writes them under the rank's prefix) "
+                         f"and end")
+            self.capture.abort()
+        elif self.capture is None:
+            self._send_stacks({}, {}, 0.0)
+
+    def _send_stacks(self, states: Mapping[int, stacks.RankState], said: Mapping[gang.Proc, str],
+                     now: float, silent: Callable[[gang.Proc], float] | None = None) -> None:
+        """``stacks``: each rank's state with its process, what was said of it and its last lines
+        (as many as fit the member's line, the newest first), and the ranks killed by their
+        watchdog timer as ranks without a stack."""
+        assert self.link is not None
+        detail = self.s.output_in_failures
+        procs = {**{p: text for p, text in self.exempted.items()}, **said}
+        budget = max(0, (rendezvous.MAX_MEMBER_LINE // 2) // max(1, len(procs)))
+        rows = []
+        for p in sorted(procs, key=lambda p: p.member.rank):
+            state = states.get(p.member.rank) or stacks.RankState(p.member.rank, stacks.NO_STACK)
+            seconds = silent(p) if silent is not None else max(0.0, now - p.last_output)
+            row = {**p.row(), **stacks.to_row(state), "silent": round(seconds, 3),
+                   "said": rendezvous.cut(procs[p], rendezvous.MAX_TEXT),
+                   "tail": _within(rendezvous.cut_lines(p.tail), budget) if detail else []}
+            row.pop("stopped", None)
+            rows.append(row)
+        self.link.send({"type": rendezvous.STACKS, "round": self.round, "detail": detail, "ranks": rows})
 
     def _captured(self) -> None:
-        """Every rank of the capture has ended: the rule names the rank to blame, the failure."""
+        """Every rank of the capture has ended: their states go to the coordinator (a gang's
+        capture), or the rule names the rank to blame here, and it is the failure."""
         capture, group = self.capture, self.group
         assert capture is not None and isinstance(group, hangs.Gang)
         self.capture = None
-        verdict = capture.finish(group, detail=self.s.output_in_failures)
+        detail = self.s.output_in_failures
+        if self.capture_for_gang and self.link is not None:
+            now = time.monotonic()
+            states = capture.states(group)
+            self._send_stacks(states, {p: capture.describe(p) for p in capture.procs}, now,
+                              lambda p: capture.silent_for(p, now))
+            return
+        verdict = capture.finish(group, detail=detail)
         self.say(f"{capture.reason}: {verdict.sentence}")
-        hangs.fail(group, capture.proc(verdict.rank), capture.reason,
-                   capture.message(verdict, detail=self.s.output_in_failures))
+        hangs.fail(group, capture.proc(verdict.rank), capture.reason, capture.message(verdict, detail=detail))
 
     def _select(self, timeout: float) -> None:
         if not self.selector.get_map():
@@ -978,8 +1112,8 @@ class Agent:
                 except OSError:
                     proc = None
             self.watchdog.timers.clear([request.pid])
-            if proc is None or self.capture is not None:
-                continue  # not a process of this agent's round, or its stack is being taken
+            if proc is None or self.capture is not None or self.hang_pending is not None:
+                continue  # not a process of this agent's round, or its stack is being (or about to be) taken
             # The rank gets its timer's signal (SIGKILL by default, as torchrun's agent sends it);
             # a timer whose signal is SIGABRT lets the capture take the rank's own stack too.
             own = request.pid == proc.pid
@@ -992,7 +1126,8 @@ class Agent:
             name = gang.signal_name(-request.signal) or str(request.signal)
             message = (f"watchdog timer {request.scope_id!r} of rank {proc.member.rank} (pid {request.pid}) expired; "
                        f"killed with {name}")
-            self._hung(proc, rendezvous.REASON_WATCHDOG, "whose watchdog timer expired", lambda _p, m=message: m,
+            self._hung(proc, rendezvous.REASON_WATCHDOG, "whose watchdog timer expired",
+                       lambda p, m=message, hung=proc: m if p is hung else self._quiet(p),
                        exempt=proc if own and not abort else None)
 
     def _on_failure(self, proc: gang.Proc) -> None:
@@ -1058,6 +1193,7 @@ class Agent:
         """Stops the round's processes (unless a signal already did) and waits until they are gone."""
         if self.group is None or self.group.finished:
             return
+        self._thaw()
         if not self.received:
             self.group.stop()
         while self._step():

@@ -10,16 +10,22 @@ What a capture does, in order:
 1. every running rank of the round is marked stopped (none of their exits is a failure of its
    own while the stacks are taken) and its last lines are put aside (the failure report keeps the
    rank's own last lines, not its dump);
-2. a rank the kernel shows stopped (SIGSTOP, a debugger: it could not run a handler) and a rank
-   the caller exempts (the watchdog's, killed with its timer's signal) show no stack; every other
-   rank gets RLIMIT_CORE 0 (set from outside at this moment, so a dying rank writes no core file
-   of its whole memory, and the rank never saw the limit while it ran) and then SIGABRT, all at
-   once: faulthandler (``-X faulthandler``) writes every thread's stack to the rank's stderr,
-   which reaches its log under its ``[rank N]`` prefix as any output does, and the rank ends;
-3. the agent's loop goes on copying output until every such rank has exited (at most
-   CAPTURE_SECONDS, then SIGKILL), then :meth:`Capture.finish` parses each rank's dump from what it
-   wrote after the abort and applies the rule; :func:`fail` makes the named rank the round's
-   failure.
+2. freeze (:meth:`Capture.freeze`): a rank the kernel shows stopped (SIGSTOP, a debugger: it
+   could not run a handler) and a rank the caller exempts (the watchdog's, killed with its
+   timer's signal) show no stack; every other rank gets RLIMIT_CORE 0 (set from outside at this
+   moment, so a dying rank writes no core file of its whole memory, and the rank never saw the
+   limit while it ran) and SIGSTOP on its process group;
+3. abort (:meth:`Capture.abort`), on every member once every member's ranks are frozen (the
+   coordinator says when: a rank that saw a peer's connection close would leave its collective
+   with an error and show that instead): SIGABRT, then SIGCONT: faulthandler (``-X
+   faulthandler``) writes every thread's stack to the rank's stderr, which reaches its log under
+   its ``[rank N]`` prefix as any output does, and the rank ends;
+4. the agent's loop goes on copying output until every such rank has exited (at most
+   CAPTURE_SECONDS, then SIGKILL), then :meth:`Capture.states` parses each rank's dump from what
+   it wrote after the abort. Within a gang of agents the states go to the coordinator, which
+   applies the rule to every rank of the gang (:meth:`.rendezvous.Coordinator.stacks`); an agent
+   alone applies it to its own ranks (:meth:`Capture.finish`) and :func:`fail` makes the named
+   rank the round's failure.
 """
 
 from __future__ import annotations
@@ -42,15 +48,43 @@ CAPTURE_SECONDS: Final = 10.0
 class Gang(gang.Gang):
     """A :class:`.gang.Gang` that keeps what chosen members write to stderr (their dumps)."""
 
+    #: The most bytes of a dumping rank's unfinished stderr line held back (then passed on as is).
+    HOLD_BYTES: Final = 64 * 1024
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.captured: dict[gang.Proc, bytearray] = {}
+        self.held: dict[gang.Proc, bytes] = {}
 
     def _emit(self, proc: gang.Proc, which: int, data: bytes) -> None:
-        super()._emit(proc, which, data)
         buffer = self.captured.get(proc)
-        if buffer is not None and which == 2:
-            buffer += data[:max(0, stacks.CAPTURE_BYTES - len(buffer))]
+        if buffer is None or which != 2:
+            super()._emit(proc, which, data)
+            return
+        buffer += data[:max(0, stacks.CAPTURE_BYTES - len(buffer))]
+        # faulthandler writes a line in pieces ("Fatal Python error: ", "Aborted"), and every rank
+        # dumps at the same moment: whole lines only, so that no piece of one lands between
+        # another rank's lines under a prefix of its own.
+        held = self.held.pop(proc, b"") + data
+        cut = held.rfind(b"\n") + 1 if len(held) <= self.HOLD_BYTES else len(held)
+        if held[cut:]:
+            self.held[proc] = held[cut:]
+        if cut:
+            super()._emit(proc, which, held[:cut])
+
+    def release(self, proc: gang.Proc) -> None:
+        """Stops keeping ``proc``'s stderr; passes on what was held back."""
+        self.captured.pop(proc, None)
+        held = self.held.pop(proc, b"")
+        if held:
+            super()._emit(proc, 2, held)
+
+    def _close(self, fileobj: Any, proc: gang.Proc, which: int) -> None:
+        if which == 2:
+            held = self.held.pop(proc, b"")
+            if held:
+                super()._emit(proc, 2, held)
+        super()._close(fileobj, proc, which)
 
 
 def stopped(pid: int) -> bool:
@@ -98,11 +132,17 @@ class Capture:
     aborted: list[gang.Proc]
     deadline: float
     saved: dict[gang.Proc, tuple[list[str], str, float]] = field(default_factory=dict)
+    finished: bool = False
+    killed: bool = False
 
     @classmethod
-    def start(cls, group: Gang, fallback: gang.Proc, reason: str, fallback_why: str,
-              describe: Callable[[gang.Proc], str], exempt: gang.Proc | None = None) -> Capture:
-        """Steps 1 and 2 on the round's running ranks (``exempt`` included, as no stack)."""
+    def freeze(cls, group: Gang, fallback: gang.Proc, reason: str, fallback_why: str,
+               describe: Callable[[gang.Proc], str], exempt: gang.Proc | None = None) -> Capture:
+        """Steps 1 and 2 up to the abort, on the round's running ranks (``exempt`` included, as no
+        stack): each rank to dump is stopped (SIGSTOP to its process group), so that none sees a
+        peer die before every rank of the gang, on every member, has been stopped too (a rank
+        that saw it would leave its collective with an error, and show that instead of where it
+        hung). :meth:`abort` takes the stacks."""
         procs = group.running()
         if exempt is not None and exempt not in procs:
             procs.append(exempt)
@@ -110,7 +150,7 @@ class Capture:
             procs.append(fallback)
         described = {p: describe(p) for p in procs}  # as things stand now, before the dumps
         capture = cls(reason, fallback, fallback_why, lambda p: described.get(p) or describe(p), procs, [],
-                      time.monotonic() + CAPTURE_SECONDS)
+                      float("inf"))
         for p in procs:
             capture.saved[p] = (list(p.tail), p.last_line, p.last_output)
             p.stopped = True
@@ -124,57 +164,91 @@ class Capture:
                     pass
                 continue
             _no_core(p.pid)
+            try:
+                os.killpg(p.pid, signal.SIGSTOP)
+            except (ProcessLookupError, PermissionError):
+                pass
             group.captured[p] = bytearray()
             capture.aborted.append(p)
-        for p in capture.aborted:
+        return capture
+
+    @classmethod
+    def start(cls, group: Gang, fallback: gang.Proc, reason: str, fallback_why: str,
+              describe: Callable[[gang.Proc], str], exempt: gang.Proc | None = None) -> Capture:
+        """Steps 1 and 2 at once (:meth:`freeze`, then :meth:`abort`): the ranks of one agent."""
+        capture = cls.freeze(group, fallback, reason, fallback_why, describe, exempt)
+        capture.abort()
+        return capture
+
+    @property
+    def frozen(self) -> bool:
+        """Whether the ranks are stopped and not yet aborted."""
+        return self.deadline == float("inf") and not self.killed
+
+    def abort(self) -> None:
+        """SIGABRT to every frozen rank, then SIGCONT to its process group: the signal waits while
+        the rank is stopped, and faulthandler's handler runs first thing when it goes on, where
+        the rank was. Those still running at CAPTURE_SECONDS get SIGKILL (:meth:`done`)."""
+        if not self.frozen:
+            return
+        for p in self.aborted:
             try:
                 os.kill(p.pid, signal.SIGABRT)
             except ProcessLookupError:
                 pass
-        return capture
+        for p in self.aborted:
+            try:
+                os.killpg(p.pid, signal.SIGCONT)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.deadline = time.monotonic() + CAPTURE_SECONDS
 
     def done(self) -> bool:
         """Whether every rank of the capture has exited (SIGKILL to those left at the deadline)."""
         left = [p for p in self.procs if p.code is None]
-        if left and time.monotonic() >= self.deadline:
+        if left and not self.killed and time.monotonic() >= self.deadline:
+            self.killed = True
             for p in left:
                 try:
                     os.killpg(p.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
-            self.deadline = float("inf")
         return not left
 
-    def finish(self, group: Gang, detail: bool) -> stacks.Blame:
-        """Step 3: reads each rank's dump and applies the rule (``detail``: name call sites)."""
+    def states(self, group: Gang) -> dict[int, stacks.RankState]:
+        """Rule 1 on each rank's dump (read from what it wrote after the abort); each rank's own
+        last lines are put back (the failure report keeps them, not its dump)."""
         dumps: dict[int, stacks.Stack | None] = {}
         for p in self.procs:
             group._drain(p)
-            data = group.captured.pop(p, None)
+            data = group.captured.get(p)
+            group.release(p)
             dumps[p.member.rank] = stacks.parse(data.decode("utf-8", "replace")) if data else None
             tail, last, _ = self.saved[p]
             p.tail = deque(tail, maxlen=gang.TAIL_LINES)
             p.last_line = last
-        order = [p.member.rank for p in sorted(self.procs, key=lambda p: self.saved[p][2])]  # silent longest first
-        return stacks.blame(dumps, order, self.fallback.member.rank, self.fallback_why, source=_source,
+        self.finished = True
+        return {rank: stacks.classify(rank, dump, _source) for rank, dump in dumps.items()}
+
+    def order(self) -> list[int]:
+        """The ranks, silent longest first."""
+        return [p.member.rank for p in sorted(self.procs, key=lambda p: self.saved[p][2])]
+
+    def silent_for(self, proc: gang.Proc, now: float) -> float:
+        """Seconds ``proc`` had been silent when the capture began (its last output before)."""
+        return max(0.0, now - self.saved[proc][2])
+
+    def finish(self, group: Gang, detail: bool) -> stacks.Blame:
+        """Step 3: reads each rank's dump and applies the rule (``detail``: name call sites)."""
+        return stacks.judge(self.states(group), self.order(), self.fallback.member.rank, self.fallback_why,
                             detail=detail)
 
     def proc(self, rank: int) -> gang.Proc:
         return next(p for p in self.procs if p.member.rank == rank)
 
     def message(self, verdict: stacks.Blame, detail: bool) -> str:
-        """The failure's message: the verdict and the named rank's innermost frames when a rule
-        decided; the detector's own words first otherwise (with the rule's words and frames when
-        the rank showed a stack)."""
-        named = self.proc(verdict.rank)
-        own = self.describe(named)
-        excerpt = verdict.excerpt() if detail else ""
-        frames = f"; innermost frames of rank {verdict.rank}: {excerpt}" if excerpt else ""
-        if verdict.decided:
-            return f"{verdict.sentence}; {own}{frames}"
-        if verdict.states.get(verdict.rank) is None or verdict.states[verdict.rank].state == stacks.NO_STACK:
-            return own
-        return f"{own}; {verdict.sentence}{frames}"
+        """The failure's message (:func:`.stacks.failure_message`)."""
+        return stacks.failure_message(verdict, self.describe(self.proc(verdict.rank)), detail)
 
 
 def fail(group: Gang, proc: gang.Proc, reason: str, message: str) -> None:

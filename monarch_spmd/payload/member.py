@@ -10,7 +10,8 @@ The phases of one member (one agent, one pod), docs/restart-in-place.md's "Round
 
     hello     connected, ``hello`` sent; ``welcome`` says the round to join
     joining   ``join`` r sent; waits for ``go`` r
-    running   round r's processes run; a ``stop`` r stops them
+    running   round r's processes run; a ``stop`` r stops them; ``freeze`` r and ``dump`` r take
+              their stacks when a rank of the gang hangs (the agent sends ``frozen``, ``stacks``)
     stopping  stopping them; when they are gone, ``exited`` r, then ``join`` r+1
     waiting   every process exited on its own (``exited`` sent); waits for ``finish``, or for
               ``stop`` r when another member failed (then ``join`` r+1)
@@ -44,6 +45,8 @@ FAIL: Final = "fail"          # stop and wait, then exit with the verdict in ``m
 GIVE_UP: Final = "give_up"    # stop and wait, then give up: ``text``, ``reason``
 SIGNAL_EXIT: Final = "signal_exit"  # wait for the signalled processes, then exit as they did
 EXIT: Final = "exit"          # exit with ``code`` now (nothing runs)
+FREEZE: Final = "freeze"      # stop every running process for its stack, then send ``frozen``
+DUMP: Final = "dump"          # take the frozen processes' stacks, then send ``stacks``
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,11 @@ class Member:
             if self.phase in (RUNNING, WAITING):
                 return self._join_next()
             return []
+        if kind in (rendezvous.FREEZE, rendezvous.DUMP) and r == self.round and self.phase in (RUNNING, WAITING):
+            # A hang in the gang: every rank's stack is taken (a member whose processes all ended
+            # already freezes nothing and reports no rank).
+            what = FREEZE if kind == rendezvous.FREEZE else DUMP
+            return [Do(what, round=self.round, reason=str(message.get("reason") or ""))]
         if kind == rendezvous.FINISH:
             return [Do(FINISH)]
         if kind == rendezvous.FAIL:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from . import failures
+from . import failures, stacks
 from .names import EX_TEMPFAIL
 
 #: The protocol's version: fields and event types may be added within it, never changed.
@@ -50,6 +50,11 @@ FINISH: Final = "finish"
 FAIL: Final = "fail"
 LEAVE: Final = "leave"
 HEARTBEAT: Final = "hb"
+HANG: Final = "hang"
+FREEZE: Final = "freeze"
+FROZEN: Final = "frozen"
+DUMP: Final = "dump"
+STACKS: Final = "stacks"
 
 ROLE_MEMBER: Final = "member"
 ROLE_OBSERVER: Final = "observer"
@@ -65,10 +70,11 @@ EV_LOST: Final = "lost"
 EV_EXITED: Final = "exited"
 EV_RESTART: Final = "restart"
 EV_PROGRESS: Final = "progress"
+EV_HANG: Final = "hang"
 EV_SUCCEEDED: Final = "succeeded"
 EV_FAILED: Final = "failed"
 #: Events kept in the history a (re)connecting observer receives.
-HISTORY_EVENTS: Final = frozenset({EV_ROUND, EV_STARTED, EV_ALL_RUNNING, EV_FAILURE, EV_LOST, EV_RESTART,
+HISTORY_EVENTS: Final = frozenset({EV_ROUND, EV_STARTED, EV_ALL_RUNNING, EV_HANG, EV_FAILURE, EV_LOST, EV_RESTART,
                                    EV_SUCCEEDED, EV_FAILED})
 HISTORY_LIMIT: Final = 5000
 #: The newest history events always kept whole (with their output lines), whatever their size.
@@ -120,6 +126,17 @@ USER_TIMEOUT_MS: Final = 8000
 #: IPPROTO_TCP), with SO_KEEPALIVE on.
 TCP_OPTIONS: Final = (("TCP_KEEPIDLE", KEEPALIVE_IDLE), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
                       ("TCP_KEEPCNT", KEEPALIVE_COUNT), ("TCP_USER_TIMEOUT", USER_TIMEOUT_MS))
+#: Seconds the coordinator waits, after ``freeze``, for every live member's ``frozen`` before it
+#: sends ``dump`` anyway (a member that has not frozen its ranks by then shows what it can).
+FREEZE_SECONDS: Final = 5.0
+#: Seconds it waits, after ``dump``, for every live member's ``stacks`` before it judges with the
+#: stacks it has (a member's ranks have 10 s to write theirs, :data:`.hangs.CAPTURE_SECONDS`).
+STACKS_SECONDS: Final = 20.0
+#: Seconds a member that said ``hang`` waits for ``freeze`` before it takes its own ranks' stacks
+#: and judges them alone (a coordinator that does not answer).
+HANG_WAIT_SECONDS: Final = 15.0
+#: The reasons a ``hang`` may give.
+HANG_REASONS: Final = (REASON_NO_PROGRESS, REASON_WATCHDOG)
 #: Seconds between ``progress`` events while a round runs.
 PROGRESS_EVERY: Final = 5.0
 #: How many lines of a failed rank's output travel with its failure.
@@ -235,6 +252,25 @@ def _proc_row(message: Mapping[str, Any], index: int, row: Any) -> dict[str, Any
     return out
 
 
+def _stacks_row(index: int, row: Any) -> dict[str, Any]:
+    """One rank of a ``stacks`` message, checked: its process (as an ``exited`` row), what the
+    detector said of it, its last lines, its silence and its state (:func:`.stacks.from_row`)."""
+    if not isinstance(row, Mapping):
+        raise ProtocolError(f"stacks.ranks: expected objects, got {type(row).__name__}")
+    named = {**row, "type": f"stacks.ranks[{index}]"}
+    out: dict[str, Any] = {"rank": _int(named, "rank", 0, MAX_INT), "local_rank": _int(named, "local_rank", 0, MAX_INT),
+                           "pid": _int(named, "pid", 0, MAX_INT, optional=True),
+                           "exit_code": _int(named, "exit_code", 0, 255, optional=True),
+                           "returncode": _int(named, "returncode", -255, 255, optional=True),
+                           "signal": _str(named, "signal", MAX_NAME), "said": _str(named, "said", MAX_TEXT) or "",
+                           "tail": _lines(named, "tail"), "silent": _number(named, "silent") or 0.0}
+    try:
+        out["state"] = stacks.from_row(out["rank"], row)
+    except ValueError as e:
+        raise ProtocolError(f"stacks.ranks[{index}].{e}") from None
+    return out
+
+
 def check_hello(message: Mapping[str, Any], members: int) -> dict[str, Any]:
     """A ``hello``'s fields, checked (types, ranges, sizes); raises :class:`ProtocolError`."""
     versions = message.get("versions")
@@ -266,9 +302,24 @@ def check_member_message(message: Mapping[str, Any]) -> dict[str, Any]:
                 "line": _str(message, "line", MAX_OUTPUT_LINE) or ""}
     if kind == LEAVE:
         return {"type": kind}
-    if kind not in (JOIN, RUNNING, FAILURE, EXITED):
+    if kind not in (JOIN, RUNNING, FAILURE, EXITED, HANG, FROZEN, STACKS):
         raise ProtocolError(f"a member may not send {str(kind)[:40]!r}")
     out: dict[str, Any] = {"type": kind, "round": _int(message, "round", 0, MAX_INT)}
+    if kind == HANG:
+        reason = message.get("reason")
+        if reason not in HANG_REASONS:
+            raise ProtocolError(f"hang.reason: {str(reason)[:40]!r} is not valid; expected one of "
+                                f"{', '.join(HANG_REASONS)}")
+        out.update(rank=_int(message, "rank", 0, MAX_INT), reason=reason,
+                   message=_str(message, "message", MAX_TEXT) or "", at=_number(message, "at"))
+    elif kind == STACKS:
+        ranks = message.get("ranks")
+        if not isinstance(ranks, list) or len(ranks) > MAX_PROCS:
+            raise ProtocolError(f"stacks.ranks: expected a list of at most {MAX_PROCS} objects")
+        detail = message.get("detail", True)
+        if not isinstance(detail, bool):
+            raise ProtocolError("stacks.detail: expected true or false")
+        out.update(detail=detail, ranks=[_stacks_row(i, row) for i, row in enumerate(ranks)])
     if kind in (RUNNING, EXITED):
         procs = message.get("procs")
         if not isinstance(procs, list) or len(procs) > MAX_PROCS:
@@ -404,6 +455,23 @@ class _Failure:
 
 
 @dataclass
+class _Capture:
+    """A hang being captured across the gang: who asked, who has frozen and reported."""
+
+    member: int
+    rank: int
+    reason: str
+    message: str
+    at: float | None
+    deadline: float
+    dumping: bool = False
+    detail: bool = True
+    frozen: set[int] = field(default_factory=set)
+    reported: set[int] = field(default_factory=set)
+    rows: dict[int, tuple[int, dict[str, Any]]] = field(default_factory=dict)  # rank: (member, row)
+
+
+@dataclass
 class Coordinator:
     """The coordinator's state: one gang of ``members`` agents, from round ``first_round`` on.
 
@@ -451,6 +519,8 @@ class Coordinator:
         self.last_progress_event = self.now
         self.outcome: dict[str, Any] | None = None
         self._cause: dict[str, Any] | None = None
+        #: A hang whose stacks are being taken on every member (None: none).
+        self.capture: _Capture | None = None
 
     # --- events -------------------------------------------------------------------------------
 
@@ -597,6 +667,7 @@ class Coordinator:
 
     def _stop(self) -> list[Out]:
         self.phase = STOPPING
+        self.capture = None
         self.first_failure_at = self.now
         self.stop_deadline = self.now + self.policy.join_timeout
         self.next_joined = set()
@@ -610,11 +681,15 @@ class Coordinator:
         out = [self._event(EV_EXITED, member=member, procs=procs)]
         if self.phase != RUNNING_PHASE:
             return out
-        bad = [p for p in procs if p.get("exit_code") and not p.get("stopped")]
-        if bad:  # an exit the member did not report as a failure first: it is one
+        # An exit the member did not report as a failure first is one; a process it stopped on its
+        # own (for a hang's stacks) is one too unless the gang's capture is under way.
+        bad = [p for p in procs if p.get("exit_code") and (not p.get("stopped") or self.capture is None)]
+        if bad:
             p = bad[0]
             out.extend(self._record_failure(member, {**p, "reason": p.get("reason") or REASON_ERROR}))
             return out
+        if self.capture is not None:
+            return out  # its ranks ended for their stacks: the verdict follows
         self.done.add(member)
         if self.done >= set(range(self.members)):
             self.phase = FINISHED
@@ -659,6 +734,68 @@ class Coordinator:
             self.idle[member] = (float(idle), rank, line)
         return []
 
+    # --- a hang: every rank's stack, on every member, then the rule over the gang ------------------
+
+    def hang(self, member: int, round_: int, info: Mapping[str, Any], now: float) -> list[Out]:
+        """A member's rank hangs (``info``: rank, reason, message, at): every member freezes its
+        ranks (``freeze``); the first hang of a round only."""
+        self.now = now
+        if (round_ != self.round or self.phase != RUNNING_PHASE or member not in self.incarnations
+                or self.capture is not None):
+            return []
+        self.capture = _Capture(member, int(info["rank"]), str(info["reason"]), str(info.get("message") or ""),
+                                info.get("at"), now + FREEZE_SECONDS)
+        return [Out(ALL, {"type": FREEZE, "round": self.round, "reason": self.capture.reason}),
+                self._event(EV_HANG, member=member, node=self.nodes.get(member, ""), rank=self.capture.rank,
+                            reason=self.capture.reason, message=cut(self.capture.message, MAX_TEXT))]
+
+    def frozen(self, member: int, round_: int, now: float) -> list[Out]:
+        """Member ``member`` has stopped its ranks: once every live member has, ``dump``."""
+        self.now = now
+        capture = self.capture
+        if capture is None or capture.dumping or round_ != self.round or member not in self.incarnations:
+            return []
+        capture.frozen.add(member)
+        return self._dump() if capture.frozen >= self.live() else []
+
+    def _dump(self) -> list[Out]:
+        assert self.capture is not None
+        self.capture.dumping = True
+        self.capture.deadline = self.now + STACKS_SECONDS
+        return [Out(ALL, {"type": DUMP, "round": self.round})]
+
+    def stacks(self, member: int, round_: int, ranks: list[dict[str, Any]], detail: bool, now: float) -> list[Out]:
+        """Member ``member``'s ranks' states after the dump: once every live member's are in, the
+        rule over all of them names the rank the round's failure is (:meth:`_judge`)."""
+        self.now = now
+        capture = self.capture
+        if capture is None or round_ != self.round or member not in self.incarnations or member in capture.reported:
+            return []
+        capture.reported.add(member)
+        capture.detail = capture.detail and detail
+        for row in ranks:
+            capture.rows[row["rank"]] = (member, row)
+        return self._judge() if capture.dumping and capture.reported >= self.live() else []
+
+    def _judge(self) -> list[Out]:
+        """The rule (:func:`.stacks.judge`) over every rank reported; the named rank's failure
+        stops the round as any failure does. Undecided, it names the rank whose hang was seen."""
+        capture = self.capture
+        assert capture is not None
+        self.capture = None
+        states = {rank: row["state"] for rank, (_, row) in capture.rows.items()}
+        states.setdefault(capture.rank, stacks.RankState(capture.rank, stacks.NO_STACK))
+        order = sorted(states, key=lambda r: (-capture.rows[r][1]["silent"] if r in capture.rows else 0.0, r))
+        why = "went silent first" if capture.reason == REASON_NO_PROGRESS else "whose watchdog timer expired"
+        verdict = stacks.judge(states, order, capture.rank, why, detail=capture.detail)
+        member, row = capture.rows.get(verdict.rank, (capture.member, {}))
+        own = row.get("said") or (capture.message if verdict.rank == capture.rank else f"rank {verdict.rank}")
+        info = {"rank": verdict.rank, "local_rank": row.get("local_rank"), "pid": row.get("pid"),
+                "exit_code": row.get("exit_code"), "returncode": row.get("returncode"), "signal": row.get("signal"),
+                "reason": capture.reason, "message": stacks.failure_message(verdict, own, capture.detail),
+                "tail": row.get("tail") or [], "at": capture.at}
+        return self._record_failure(member, info)
+
     # --- time ---------------------------------------------------------------------------------
 
     def tick(self, now: float) -> list[Out]:
@@ -677,6 +814,9 @@ class Coordinator:
                 out.extend(self.lost(member, LOST_NOT_STOPPED, now))
             if self.phase == STOPPING:
                 out.extend(self._decide())
+        elif self.phase == RUNNING_PHASE and self.capture is not None:
+            if now >= self.capture.deadline:
+                out.extend(self._judge() if self.capture.dumping else self._dump())
         elif self.phase == RUNNING_PHASE and now - self.last_progress_event >= PROGRESS_EVERY and self.idle:
             self.last_progress_event = now
             member, (idle, rank, line) = max(self.idle.items(), key=lambda kv: kv[1][0])
@@ -694,6 +834,7 @@ class Coordinator:
         self.failures = []
         self.all_running_at = None
         self.last_progress_event = self.now
+        self.capture = None
         return [Out(ALL, {"type": GO, "round": self.round}), self._event(EV_STARTED, members=self.members)]
 
     def _maybe_decide(self) -> list[Out]:

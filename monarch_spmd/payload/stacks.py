@@ -290,6 +290,11 @@ class Blame:
         return out
 
 
+def ranks_words(ranks: Sequence[int]) -> str:
+    """``rank 3`` or ``ranks 0, 2`` (``and N more`` past :data:`LIST_RANKS`)."""
+    return _ranks(ranks)
+
+
 def _ranks(ranks: Sequence[int]) -> str:
     shown = ", ".join(str(r) for r in ranks[:LIST_RANKS])
     if len(ranks) > LIST_RANKS:
@@ -327,9 +332,18 @@ def blame(stacks: Mapping[int, Stack | None], order: Sequence[int], fallback: in
         source: reads a source line (``source(file, line)``), for ``work.wait()``.
         detail: name call sites (False: ranks and operations only, no file or function).
     """
+    return judge({r: classify(r, stack, source) for r, stack in stacks.items()}, order, fallback, fallback_why,
+                 detail=detail)
+
+
+def judge(states: Mapping[int, RankState], order: Sequence[int], fallback: int, fallback_why: str, *,
+          detail: bool = True) -> Blame:
+    """Rules 2-4 on the ranks' states (rule 1's :func:`classify` made them, on this machine or
+    on the ranks' own: the coordinator judges a gang from every member's states, :func:`from_row`).
+    The arguments are :func:`blame`'s."""
     position = {r: i for i, r in enumerate(order)}
-    ranks = sorted(stacks, key=lambda r: (position.get(r, len(position)), r))
-    states = {r: classify(r, stacks[r], source) for r in ranks}
+    ranks = sorted(states, key=lambda r: (position.get(r, len(position)), r))
+    states = {r: states[r] for r in ranks}
     waiting = [states[r] for r in ranks if states[r].state == WAITING]
     busy = [states[r] for r in ranks if states[r].state == BUSY]
     by_rank = lambda items: sorted(items, key=lambda s: s.rank)  # noqa: E731
@@ -367,3 +381,78 @@ def blame(stacks: Mapping[int, Stack | None], order: Sequence[int], fallback: in
     if busy:
         return undecided("no rank is in a collective")
     return undecided("no rank showed a stack")
+
+
+def failure_message(verdict: Blame, own: str, detail: bool) -> str:
+    """A hang's failure message: the verdict and the named rank's innermost frames when a rule
+    decided; the detector's own words about the named rank (``own``) first otherwise, with the
+    rule's words and frames when the rank showed a stack."""
+    excerpt = verdict.excerpt() if detail else ""
+    frames = f"; innermost frames of rank {verdict.rank}: {excerpt}" if excerpt else ""
+    if verdict.decided:
+        return f"{verdict.sentence}; {own}{frames}"
+    state = verdict.states.get(verdict.rank)
+    if state is None or state.state == NO_STACK:
+        return own
+    return f"{own}; {verdict.sentence}{frames}"
+
+
+# --- states on the wire (a member's ``stacks`` message, docs/restart-in-place.md) ------------------
+
+#: Frames of a rank's main thread a ``stacks`` row carries, innermost first, at most.
+ROW_FRAMES: Final = 12
+#: A frame's file name and function name on the wire, in characters, at most.
+ROW_FILE: Final = 512
+ROW_FUNCTION: Final = 128
+STATES: Final = (WAITING, BUSY, NO_STACK)
+
+
+def _frame_row(frame: Frame) -> list[object]:
+    return [frame.file[-ROW_FILE:], frame.line, frame.function[:ROW_FUNCTION]]
+
+
+def to_row(state: RankState) -> dict[str, object]:
+    """``state`` as a ``stacks`` row carries it (bounded: :data:`ROW_FRAMES` frames). The site
+    travels whole even when it is deeper than the frames kept (rule 3 compares sites)."""
+    return {"rank": state.rank, "state": state.state, "operation": state.operation[:ROW_FUNCTION],
+            "site": _frame_row(state.site) if state.site is not None else None,
+            "frames": [_frame_row(f) for f in state.frames[:ROW_FRAMES]]}
+
+
+def frame_from_row(value: object) -> Frame:
+    """A frame from its row (``[file, line, function]``); raises ValueError naming what is wrong."""
+    if (not isinstance(value, list) or len(value) != 3 or not isinstance(value[0], str)
+            or not isinstance(value[1], int) or isinstance(value[1], bool) or not isinstance(value[2], str)
+            or len(value[0]) > ROW_FILE or len(value[2]) > ROW_FUNCTION or not 0 <= value[1] < 1 << 31):
+        raise ValueError(f"expected [file (at most {ROW_FILE} characters), line (0..2^31), function (at most "
+                         f"{ROW_FUNCTION} characters)], got {str(value)[:80]!r}")
+    return Frame(value[0], value[1], value[2])
+
+
+def from_row(rank: int, row: Mapping[str, object]) -> RankState:
+    """A rank's state from a ``stacks`` row; raises ValueError naming the field that is wrong."""
+    state = row.get("state")
+    if state not in STATES:
+        raise ValueError(f"state: {str(state)[:40]!r} is not valid; expected one of {', '.join(STATES)}")
+    operation = row.get("operation", "")
+    if not isinstance(operation, str) or len(operation) > ROW_FUNCTION:
+        raise ValueError(f"operation: expected a string of at most {ROW_FUNCTION} characters")
+    site = row.get("site")
+    frames = row.get("frames", [])
+    if not isinstance(frames, list) or len(frames) > ROW_FRAMES:
+        raise ValueError(f"frames: expected a list of at most {ROW_FRAMES} frames")
+    try:
+        site_frame = frame_from_row(site) if site is not None else None
+    except ValueError as e:
+        raise ValueError(f"site: {e}") from None
+    parsed = []
+    for i, f in enumerate(frames):
+        try:
+            parsed.append(frame_from_row(f))
+        except ValueError as e:
+            raise ValueError(f"frames[{i}]: {e}") from None
+    if state == NO_STACK:
+        return RankState(rank, NO_STACK)
+    if site_frame is None:
+        raise ValueError(f"site: a rank in state {state} has a call site")
+    return RankState(rank, str(state), site_frame, operation, tuple(parsed))
