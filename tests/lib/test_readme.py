@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from monarch_spmd import cli, logs, status, torchrun, validate
+from monarch_spmd import cli, logs, podview, status, torchrun, validate
 from spmd_operator import names
 from spmd_operator.names import JobRef
 
@@ -131,6 +131,8 @@ def _check_command(words: list[str]) -> None:
         parser = cli._run_parser()
         own, _ = torchrun.split_options(args, parser)
         parser.parse_args(own)
+    elif command == "pods":
+        podview.parser().parse_args(args)
     else:
         assert command in ("worker",), f"unknown command {command}"
 
