@@ -273,7 +273,7 @@ def splitter_for(pod: Mapping[str, Any], ranks: Sequence[int] | None) -> LineSpl
     """How a pod's lines are shown: prefixed with its rank; a PerHost pod's lines carry their rank
     prefixes already (its worker writes them) and, with ``ranks``, only those ranks' lines stay."""
     own = pod_ranks(pod)
-    if len(own) == 1:
+    if _label_int(pod, PROCS_LABEL) is None:  # PerProc: the pod's lines are its one rank's own
         return LineSplitter(rank_prefix(own[0]))
     if ranks is None:
         return LineSplitter("")

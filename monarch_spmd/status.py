@@ -396,9 +396,9 @@ def attempt_of(job: Mapping[str, Any]) -> int:
 
 
 def _pod_rows(pod: Mapping[str, Any] | None, first: int, layout: _Layout) -> list[RankRow]:
-    """The ranks of one pod (of ``first`` and, in PerHost, the next ones). A PerHost pod's worker
-    names the rank that failed in its last line: that rank gets the exit code, and its siblings
-    were stopped by the worker."""
+    """The ranks of one pod (of ``first`` and, in PerHost, the next ones). A pod's worker names the
+    rank that failed in its last line (every pod of a gang the same one): that rank gets the exit
+    code, and every other rank was stopped by its worker."""
     if pod is None:
         return [RankRow(r, layout.local_rank(r, r - first, layout.per_pod), "-", "-", "pod gone", "")
                 for r in range(first, first + layout.per_pod)]
@@ -408,8 +408,10 @@ def _pod_rows(pod: Mapping[str, Any] | None, first: int, layout: _Layout) -> lis
     node = str((pod.get("spec") or {}).get("nodeName") or "-")
     rows = [RankRow(r, layout.local_rank(r, r - first, size), name, node, state, why, code)
             for r in range(first, first + size)]
-    named = _WORKER_FAILURE.findall(_termination_message(pod)) if size > 1 else []
-    if named:
+    named = _WORKER_FAILURE.findall(_termination_message(pod))
+    if named and (size > 1 or int(named[-1][0]) != first):
+        # The gang's verdict, the same line in every pod: the rank it names failed, every other
+        # rank was stopped by its own pod's worker (the pod exits with the verdict's code).
         failed, failed_code = int(named[-1][0]), int(named[-1][1])
         rows = [dataclasses.replace(r, code=failed_code, exit=exit_text(failed_code)) if r.rank == failed else
                 dataclasses.replace(r, code=None, exit="stopped", reason=f"by its worker after rank {failed} failed")
@@ -446,6 +448,14 @@ def rank_rows(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> list
     root = failure.get("rank") if failure.get("restart", attempt) == attempt else None
     rows = [row for first in range(0, layout.procs, layout.per_pod)
             for row in _pod_rows(by_first.get(first), first, layout)]
+    mode = ((job.get("spec") or {}).get("restartPolicy") or {}).get("mode") or "InPlace"
+    code = failure.get("exitCode")
+    if root is not None and mode == "InPlace" and isinstance(code, int) and not isinstance(code, bool):
+        # Restart in place: every agent of the gang exits with the verdict's code, so the pods of
+        # the other ranks end with the root cause's code too; their ranks were stopped.
+        failed_pod = next((r.pod for r in rows if r.rank == root), None)
+        rows = [dataclasses.replace(r, code=None, exit="stopped", reason=f"by its worker after rank {root} failed")
+                if r.rank != root and r.pod != failed_pod and r.code == code else r for r in rows]
     return [_as_root(r, failure) if r.rank == root else r for r in rows]
 
 

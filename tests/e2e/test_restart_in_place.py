@@ -237,8 +237,13 @@ HANGS = {
     "skip": (r"rank 1 waits in barrier \(at stuck_rank\.py:\d+ in main\), apart from its peers; "
              r"ranks 0, 2 wait in all_reduce"),
 }
+#: Where each kind runs: three pods of one proc (the coordinator judges the ranks of every pod) or one
+#: pod of three procs (PerHost: its agent's ranks).
+HANG_LAYOUTS = {"sleep": (3, 1), "spin": (1, 3), "skip": (3, 1)}
 #: Longer than three ranks importing torch and joining the gloo group take on a loaded machine.
 HANG_TIMEOUT = 30
+#: Runs of each kind (MONARCH_SPMD_HANG_RUNS=10 for the rate the docs quote; CI runs each once).
+HANG_RUNS = int(os.environ.get("MONARCH_SPMD_HANG_RUNS", "1"))
 
 
 def cli(c, *args: str) -> subprocess.CompletedProcess:
@@ -248,58 +253,83 @@ def cli(c, *args: str) -> subprocess.CompletedProcess:
 
 
 def hung(name: str, kind: str) -> dict:
-    """One pod of 3 procs whose rank 1 hangs at step 2; no restart, so the first hang fails the job."""
-    m = job_manifest(name, [("hosts", 1), ("procs", 3)], ["-m", "tests.programs.stuck_rank", "--hang", kind],
+    """Three ranks, rank 1 hangs at step 2; no restart, so the first hang fails the job."""
+    hosts, procs = HANG_LAYOUTS[kind]
+    m = job_manifest(name, [("hosts", hosts), ("procs", procs)], ["-m", "tests.programs.stuck_rank", "--hang", kind],
                      podLayout="PerHost", restartPolicy={"maxRestarts": 0, "progressTimeoutSeconds": HANG_TIMEOUT})
     m["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 5
     return m
 
 
+def _misnamed(c, namespace: str, kind: str, job: dict) -> str | None:
+    """Why a failed hang job does not name rank 1 as a user must see it, or None: status.failure,
+    `monarch-spmd status` and every rank's dump in `monarch-spmd logs`."""
+    name = job["metadata"]["name"]
+    hosts, procs = HANG_LAYOUTS[kind]
+    pod = names.pod_name(job_ref(job), 0, 1 if hosts == 3 else 0)  # rank 1's pod
+    failure = job["status"].get("failure") or {}
+    got = (failure.get("rank"), failure.get("reason"), failure.get("exitCode"), failure.get("pod"))
+    if got != (1, "NoProgress", 134, pod):
+        return f"status.failure {got}: {failure.get('message', '')[-600:]}"
+    verdict = failure["message"].splitlines()[-1]  # after the rank's last lines of output
+    if not re.match(HANGS[kind], verdict) or "last line: stuck_rank rank 1 step 2" not in verdict:
+        return f"verdict {verdict!r}"
+    frames = re.search(r"; innermost frames of rank 1: (.*)$", verdict)
+    if not frames or "stuck_rank.py:" not in frames.group(1):
+        return f"no frames in {verdict!r}"
+    described = cli(c, "status", name, "-n", namespace)
+    print(described.stdout)
+    node = "proc-node-0"
+    if described.returncode != 0 or "rank 1 exit 134 (SIGABRT, NoProgress)" not in described.stdout \
+            or not re.search(HANGS[kind], described.stdout) \
+            or not re.search(rf"^  1 +{1 if hosts == 1 else 0} +{pod} +{node} +134 \(SIGABRT\) .*<- first failure$",
+                             described.stdout, re.M):
+        return f"status said {described.stdout[-2000:]!r} {described.stderr[-500:]!r}"
+    if described.stdout.count("after rank 1 failed") != 2:
+        return f"ranks 0 and 2 not shown stopped after rank 1: {described.stdout[-2000:]!r}"
+    logged = cli(c, "logs", name, "-n", namespace)
+    if logged.returncode != 0:
+        return f"logs: {logged.stderr[-500:]}"
+    for rank in range(3):
+        dump = logged.stdout.split(f"[rank {rank}] Fatal Python error: Aborted\n", 1)
+        if len(dump) != 2 or not re.search(rf'^\[rank {rank}\]   File ".*stuck_rank\.py", line \d+ in main$',
+                                           dump[1], re.M):
+            return f"no dump of rank {rank} in the logs: {logged.stdout[-3000:]!r}"
+        if rank == 1:
+            print("\n".join(line for line in dump[1].splitlines() if line.startswith("[rank 1]"))[:1500])
+    return None
+
+
 def test_a_hung_gang_fails_naming_the_rank_that_hangs_it_with_every_ranks_stack_in_its_log(running_operator,
                                                                                          namespace):
-    """Rank 1 sleeps, spins in a busy loop, or skips to the final barrier (one job each) while its
-    peers wait in an all_reduce: the progress timeout takes every rank's stack (SIGABRT,
-    faulthandler), the job fails with rank 1 named and its frames in ``status.failure``, `status`
-    says so, and `logs` shows each rank's dump. The jobs start one after the other, as the
-    previous one's ranks finished importing torch, so a loaded machine's imports do not add up."""
+    """Rank 1 sleeps, spins in a busy loop, or skips to the final barrier (one job each, in three
+    pods or in one) while its peers wait in an all_reduce: the progress timeout takes every rank's
+    stack (SIGABRT, faulthandler), the job fails with rank 1 named and its frames in
+    ``status.failure``, `status` says so, and `logs` shows each rank's dump. The jobs start one
+    after the other, as the previous one's ranks finished importing torch, so a loaded machine's
+    imports do not add up. With HANG_RUNS > 1, 9 in 10 of each kind must name rank 1."""
     c = running_operator
-    jobs = {kind: f"hang-{kind}" for kind in HANGS}
+    misses: dict[str, list[str]] = {kind: [] for kind in HANGS}
 
     def imported(name: str) -> bool:
-        pods = job_pods(c, namespace, name)
-        log = c.pod_log(namespace, pods[0].metadata.name) if pods else ""
-        return len(set(re.findall(r"stuck_rank rank (\d) step 0", log))) == 3 or \
+        logs = "".join(c.pod_log(namespace, p.metadata.name) for p in job_pods(c, namespace, name))
+        return len(set(re.findall(r"stuck_rank rank (\d) step 0", logs))) == 3 or \
             get_job(c, namespace, name).get("status", {}).get("phase") == "Failed"
 
-    for kind, name in jobs.items():
-        apply(c, namespace, hung(name, kind))
-        wait_until(lambda: imported(name), 240, f"{name}: every rank imported torch and joined the group")
-    for kind, name in jobs.items():
-        job = wait_phase(c, namespace, name, "Failed", timeout=180)
-        (pod,) = pod_names(job, 0, 1)
-        failure = job["status"]["failure"]
-        print(f"{name}: status.failure {json.dumps(failure, indent=1)}")
-        assert (failure["rank"], failure["reason"], failure["exitCode"], failure["pod"]) == (
-            1, "NoProgress", 134, pod), (kind, failure)
-        verdict = failure["message"].splitlines()[-1]  # after the rank's last lines of output
-        assert re.match(HANGS[kind], verdict), (kind, verdict)
-        assert "last line: stuck_rank rank 1 step 2" in verdict, (kind, verdict)
-        frames = re.search(r"; innermost frames of rank 1: (.*)$", verdict)
-        assert frames and "stuck_rank.py:" in frames.group(1), (kind, verdict)
-
-        described = cli(c, "status", name, "-n", namespace)
-        assert described.returncode == 0, described.stderr
-        print(described.stdout)
-        assert "rank 1 exit 134 (SIGABRT, NoProgress)" in described.stdout, described.stdout
-        assert re.search(HANGS[kind], described.stdout), described.stdout
-        assert re.search(rf"^  1 +1 +{pod} +proc-node-0 +134 \(SIGABRT\) .*<- first failure$", described.stdout, re.M)
-        assert described.stdout.count("by its worker after rank 1 failed") == 2, "ranks 0 and 2 stopped"
-        logged = cli(c, "logs", name, "-n", namespace)
-        assert logged.returncode == 0, logged.stderr
-        for rank in range(3):
-            dump = logged.stdout.split(f"[rank {rank}] Fatal Python error: Aborted\n", 1)
-            assert len(dump) == 2, (kind, rank, logged.stdout[-4000:])
-            assert re.search(rf'^\[rank {rank}\]   File ".*stuck_rank\.py", line \d+ in main$', dump[1], re.M), \
-                (kind, rank, dump[1][:3000])
-            if rank == 1:
-                print("\n".join(line for line in dump[1].splitlines() if line.startswith("[rank 1]"))[:1500])
+    began = time.monotonic()
+    for run in range(HANG_RUNS):
+        jobs = {kind: f"hang-{kind}-{run}" for kind in HANGS}
+        for kind, name in jobs.items():
+            apply(c, namespace, hung(name, kind))
+            wait_until(lambda: imported(name), 240, f"{name}: every rank imported torch and joined the group")
+        for kind, name in jobs.items():
+            job = wait_phase(c, namespace, name, "Failed", timeout=180)
+            print(f"{name}: status.failure {json.dumps(job['status'].get('failure'), indent=1)}")
+            why = _misnamed(c, namespace, kind, job)
+            if why is not None:
+                misses[kind].append(f"{name}: {why}")
+            c.kubectl("delete", "spmdjob", name, "-n", namespace, "--wait=false")
+    needed = HANG_RUNS if HANG_RUNS < 10 else HANG_RUNS * 9 // 10
+    rates = {kind: f"{HANG_RUNS - len(m)}/{HANG_RUNS}" for kind, m in misses.items()}
+    print(f"rank 1 named on the cluster: {rates} in {time.monotonic() - began:.0f}s")
+    assert all(HANG_RUNS - len(m) >= needed for m in misses.values()), (rates, misses)

@@ -247,6 +247,8 @@ def test_a_per_host_pods_lines_keep_their_own_prefixes_and_are_filtered_by_rank(
     assert only.feed(log) == ["[rank 5] b", "[rank 6] c"]
     one = pod("hello-r1-3", "hello", 3, 1)
     assert logs.splitter_for(one, None).feed(b"x\n") == ["[rank 3] x"]
+    single = host_pod("wide-r0-2", 8, 1)  # PerHost with one proc per pod: its worker prefixed it already
+    assert logs.splitter_for(single, None).feed(b"[rank 8] x\n") == ["[rank 8] x"]
 
 
 def test_a_container_that_does_not_exist_is_a_clear_error():

@@ -293,11 +293,11 @@ def test_the_root_causes_row_says_why_the_worker_failed_it_where_the_container_s
     it was NoProgress; the other ranks keep their containers' reasons."""
     body = failed_job()
     body["status"]["failure"].update(exitCode=134, reason="NoProgress")
-    pods = [trainer_pod("gpt-1a2b3-r1-0", 0, 1, code=134, reason="Error"),
+    pods = [trainer_pod("gpt-1a2b3-r1-0", 0, 1, code=1, reason="Error"),
             trainer_pod("gpt-1a2b3-r1-1", 1, 1, code=134, reason="Error", node="gpu-7")]
     rows = {r.rank: r for r in status.rank_rows(body, pods)}
     assert (rows[1].reason, rows[1].first) == ("NoProgress", True)
-    assert rows[0].reason == "Error"
+    assert (rows[0].exit, rows[0].reason) == ("1", "Error")
     body["status"]["failure"]["reason"] = "Error"
     assert status.rank_rows(body, pods)[1].reason == "Error"
 
@@ -327,6 +327,31 @@ def test_a_perhost_pods_worker_names_the_failed_rank_and_its_siblings_were_stopp
     assert rows[2].reason == "by its worker after rank 3 failed"
     assert status.rank_table(body, pods)[-1].startswith(
         "spmdjob gpt failed: rank 3 (local rank 1, pod gpt-1a2b3-r1-2 on node gpu-1) failed first: exit code 137 (SIGKILL, Error)")
+
+
+def test_pods_of_one_rank_each_read_the_gangs_verdict_and_show_their_ranks_stopped():
+    """Restart in place, one proc per pod: every agent exits with the verdict's code and line (rank
+    1 hung), so pods 0 and 2 show 134 too; their ranks were stopped, not failed."""
+    line = "monarch-spmd worker: rank 1 exited with code 134 in restart 1; job failed: no restarts allowed"
+    for message in (line, ""):  # a kubelet with the worker's termination message; one with the log's tail
+        pods = [trainer_pod(f"gpt-1a2b3-r1-{r}", r, 1, code=134, reason="Error", message=message) for r in range(3)]
+        _one_rank_pods_after_a_hang(pods)
+    recreated = failed_job(restartPolicy={"mode": "RecreatePods"})
+    recreated["status"]["failure"] = {"rank": 1, "pod": "gpt-1a2b3-r1-1", "exitCode": 134, "reason": "NoProgress",
+                                      "restart": 1}
+    rows = status.rank_rows(recreated, [trainer_pod(f"gpt-1a2b3-r1-{r}", r, 1, code=134, reason="Error")
+                                        for r in range(3)])
+    assert [r.exit for r in rows[:3]] == ["134 (SIGABRT)"] * 3, "without a gang's verdict the pods say it"
+
+
+def _one_rank_pods_after_a_hang(pods: list) -> None:
+    body = failed_job()
+    body["status"]["failure"] = {"rank": 1, "pod": "gpt-1a2b3-r1-1", "exitCode": 134, "reason": "NoProgress",
+                                 "restart": 1}
+    rows = status.rank_rows(body, pods)
+    assert [(r.rank, r.exit, r.reason, r.first) for r in rows[:3]] == [
+        (0, "stopped", "by its worker after rank 1 failed", False), (1, "134 (SIGABRT)", "NoProgress", True),
+        (2, "stopped", "by its worker after rank 1 failed", False)]
 
 
 def test_local_rank_is_zero_where_each_pod_is_its_own_node():
