@@ -47,6 +47,15 @@ def row(state: dict, silent: float, said: str = "") -> dict:
             "tail": [f"rank {rank} step 2"], "silent": silent, **state}
 
 
+def dumping_gang(member: int, rank: int) -> Coordinator:
+    """A gang whose member ``member`` saw rank ``rank`` hang, every member frozen: ``dump`` sent."""
+    c = running_gang()
+    hang(c, member, rank)
+    for m in range(3):
+        c.frozen(m, 0, 10.5)
+    return c
+
+
 def to(outs, who=ALL):
     return [o.message for o in outs if o.to == who]
 
@@ -70,10 +79,7 @@ def test_a_hang_freezes_every_member_and_dumps_only_when_all_have_frozen():
 
 
 def test_the_rank_that_is_not_waiting_is_named_though_another_members_rank_went_silent_first():
-    c = running_gang()
-    hang(c, 0, 0)
-    for m in range(3):
-        c.frozen(m, 0, 10.5)
+    c = dumping_gang(0, 0)
     assert c.stacks(0, 0, [row(waiting(0), 15.2)], True, 11.0) == []
     assert c.stacks(2, 0, [row(waiting(2), 15.0)], True, 11.0) == []
     outs = c.stacks(1, 0, [row(busy(1), 14.9, said="rank 1 wrote nothing for 15s; last line: step 2")], True, 11.0)
@@ -88,10 +94,7 @@ def test_the_rank_that_is_not_waiting_is_named_though_another_members_rank_went_
 
 
 def test_a_rank_at_another_call_site_is_named_and_without_detail_no_call_site_is_said():
-    c = running_gang()
-    hang(c, 2, 2)
-    for m in range(3):
-        c.frozen(m, 0, 10.5)
+    c = dumping_gang(2, 2)
     c.stacks(0, 0, [row(waiting(0), 12.0)], False, 11.0)
     c.stacks(1, 0, [row(waiting(1, line=44), 11.0)], False, 11.0)
     outs = c.stacks(2, 0, [row(waiting(2), 13.0)], False, 11.0)
@@ -102,10 +105,7 @@ def test_a_rank_at_another_call_site_is_named_and_without_detail_no_call_site_is
 
 
 def test_undecided_it_names_the_rank_whose_hang_was_seen_with_the_detectors_words():
-    c = running_gang()
-    hang(c, 2, 2)
-    for m in range(3):
-        c.frozen(m, 0, 10.5)
+    c = dumping_gang(2, 2)
     for m in range(3):
         outs = c.stacks(m, 0, [row(waiting(m), 12.0 + m, said=f"rank {m} said")], True, 11.0)
     [failure] = [o.message for o in outs if o.message["type"] == rv.EV_FAILURE]
@@ -143,10 +143,7 @@ def test_a_real_failure_or_a_lost_member_during_the_capture_calls_it_off():
 
 
 def test_members_whose_ranks_ended_for_their_stacks_do_not_finish_the_round():
-    c = running_gang()
-    hang(c, 0, 0)
-    for m in range(3):
-        c.frozen(m, 0, 10.5)
+    c = dumping_gang(0, 0)
     for m in range(3):
         outs = c.exited(m, 0, [{"rank": m, "exit_code": 134, "stopped": True}], 11.0)
         assert not [o for o in outs if o.message["type"] in (rv.FINISH, rv.EV_SUCCEEDED)]
