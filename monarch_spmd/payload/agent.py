@@ -165,6 +165,8 @@ class _Conn:
         self.out = bytearray()
         self.role: str | None = None
         self.member: int | None = None
+        self.spare: int | None = None
+        self.incarnation = ""
         self.heard = now
         self.accepted = now
 
@@ -188,6 +190,7 @@ class CoordinatorServer:
         self.selector.register(self.sock, selectors.EVENT_READ, None)
         self.conns: dict[socket.socket, _Conn] = {}
         self.by_member: dict[int, _Conn] = {}
+        self.by_spare: dict[int, _Conn] = {}
         self.observers: list[_Conn] = []
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._serve, name="monarch-spmd-coordinator", daemon=True)
@@ -250,7 +253,7 @@ class CoordinatorServer:
                     last_beat = now
                     beat = rendezvous.encode({"type": rendezvous.HEARTBEAT})
                     for conn in list(self.conns.values()):
-                        if conn.role == rendezvous.ROLE_MEMBER:
+                        if conn.role in (rendezvous.ROLE_MEMBER, rendezvous.ROLE_SPARE):
                             self._send(conn, beat)
                             if now - conn.heard > rendezvous.HEARTBEAT_TIMEOUT:
                                 self._lost(conn, rendezvous.LOST_HEARTBEAT)
@@ -320,6 +323,19 @@ class CoordinatorServer:
             if rendezvous.VERSION not in hello["versions"]:
                 raise rendezvous.ProtocolError(f"protocol versions {hello['versions']} are not spoken here")
             role = hello["role"]
+            if role == rendezvous.ROLE_SPARE:
+                spare = hello["spare"]
+                old = self.by_spare.get(spare)
+                conn.role, conn.spare, conn.incarnation = role, spare, hello["incarnation"]
+                self.by_spare[spare] = conn
+                for out in m.spare_hello(spare, hello["incarnation"], now, node=hello["node"]):
+                    if out.drop:
+                        if old is not None and old is not conn:
+                            self._send(old, rendezvous.encode(out.message))
+                            self._close(old)
+                        continue
+                    self._apply([out])
+                return
             if role == rendezvous.ROLE_OBSERVER:
                 if len(self.observers) >= rendezvous.MAX_OBSERVERS:
                     raise rendezvous.ProtocolError(f"{rendezvous.MAX_OBSERVERS} observers are connected already")
@@ -342,6 +358,13 @@ class CoordinatorServer:
                 self._apply([out])
             return
         member = conn.member
+        if conn.role == rendezvous.ROLE_SPARE:
+            if kind == rendezvous.HEARTBEAT:
+                return
+            if kind == rendezvous.LEAVE:
+                self._close(conn)
+                return
+            raise rendezvous.ProtocolError(f"a spare may send only hb and leave, not {str(kind)[:40]!r}")
         if conn.role != rendezvous.ROLE_MEMBER or member is None:
             raise rendezvous.ProtocolError("an observer says nothing after hello")
         message = rendezvous.check_member_message(message)
@@ -373,6 +396,10 @@ class CoordinatorServer:
                     self._send(conn, data)
             elif out.to == rendezvous.ALL:
                 for conn in list(self.by_member.values()):
+                    self._send(conn, data)
+            elif isinstance(out.to, str) and out.to.startswith(f"{rendezvous.ROLE_SPARE}:"):
+                conn = self.by_spare.get(int(out.to.split(":", 1)[1]))
+                if conn is not None:
                     self._send(conn, data)
             else:
                 conn = self.by_member.get(int(out.to))
@@ -417,7 +444,7 @@ class CoordinatorServer:
         """What an unexpected error while serving ``conn`` ends: that connection only."""
         print(f"{_PREFIX}: coordinator: closed a connection after {type(error).__name__}: {error}", file=sys.stderr,
               flush=True)
-        if conn.role == rendezvous.ROLE_MEMBER:
+        if conn.role in (rendezvous.ROLE_MEMBER, rendezvous.ROLE_SPARE):
             self._lost(conn, rendezvous.LOST_DISCONNECTED)
         else:
             self._close(conn)
@@ -439,6 +466,11 @@ class CoordinatorServer:
         if conn.sock not in self.conns:
             return
         del self.conns[conn.sock]
+        spare = conn.spare
+        if spare is not None and self.by_spare.get(spare) is conn:  # a waiting spare is no longer ready
+            del self.by_spare[spare]
+            with self.lock:
+                self._apply(self.machine.spare_lost(spare, conn.incarnation, time.monotonic()))
         if conn in self.observers:
             self.observers.remove(conn)
         try:
@@ -535,6 +567,60 @@ class Link:
                 self.sock.close()
             except OSError:
                 pass
+
+
+@dataclass(frozen=True)
+class SpareOutcome:
+    """How a spare's wait ended: a member's place to take (``member``), or an exit code."""
+
+    member: int | None = None
+    code: int = 0
+    why: str = ""
+
+
+def wait_as_spare(addr: str, port: int, *, spare: int, token: str, node: str, connect_timeout: float,
+                  interrupted: Callable[[], int | None]) -> SpareOutcome:
+    """A hot spare's wait (docs/restart-in-place.md, "Hot spares"): connected to the coordinator
+    as spare ``spare``, heartbeats both ways, until ``assign`` gives it a lost member's place.
+
+    It ends without a place (exit 0) when the gang finishes or fails or its coordinator is gone:
+    the attempt it was a spare of is over. ``interrupted()`` returns a stop signal's number.
+    """
+    try:
+        link = Link.connect(addr, port, time.monotonic() + connect_timeout, lambda: interrupted() is not None)
+    except InterruptedError:
+        return SpareOutcome(code=128 + (interrupted() or signal.SIGTERM), why="stopped while connecting")
+    except TimeoutError as e:
+        return SpareOutcome(code=EX_TEMPFAIL, why=f"{e} within {connect_timeout:g}s")
+    selector = selectors.DefaultSelector()
+    selector.register(link.fileno(), selectors.EVENT_READ)
+    link.send({"type": rendezvous.HELLO, "v": rendezvous.VERSION, "versions": list(rendezvous.VERSIONS),
+               "role": rendezvous.ROLE_SPARE, "token": token, "spare": spare, "incarnation": uuid.uuid4().hex,
+               "node": node, "pid": os.getpid()})
+    try:
+        while True:
+            signum = interrupted()
+            if signum is not None:
+                link.send({"type": rendezvous.LEAVE, "signal": signum})
+                return SpareOutcome(code=128 + signum, why=f"stopped by signal {signum}")
+            for _ in selector.select(TICK):
+                link.readable()
+            for message in link.inbox:
+                kind = message.get("type")
+                if kind == rendezvous.ASSIGN and isinstance(message.get("member"), int):
+                    return SpareOutcome(member=int(message["member"]))
+                if kind in (rendezvous.FINISH, rendezvous.FAIL):
+                    return SpareOutcome(code=0, why=f"the gang ended ({kind}) before a member's place was free")
+                if kind == rendezvous.REFUSED:
+                    return SpareOutcome(code=EX_TEMPFAIL, why=f"the coordinator refused this spare: {message.get('reason')}")
+            link.inbox = []
+            if link.closed or time.monotonic() - link.heard > rendezvous.HEARTBEAT_TIMEOUT:
+                return SpareOutcome(code=0, why=f"the coordinator at {addr}:{port} is gone: its attempt is over")
+            if time.monotonic() - link.sent >= rendezvous.HEARTBEAT_INTERVAL:
+                link.send({"type": rendezvous.HEARTBEAT})
+    finally:
+        selector.close()
+        link.close()
 
 
 def oom_kills() -> int | None:

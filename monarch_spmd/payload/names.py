@@ -61,6 +61,9 @@ AGENT_ADDR_VAR: Final = "MONARCH_SPMD_AGENT_ADDR"
 #: The attempt's proof of membership: every agent's and observer's hello carries it, and the
 #: coordinator accepts no connection without it (docs/restart-in-place.md, "Trust and bounds").
 AGENT_TOKEN_VAR: Final = "MONARCH_SPMD_AGENT_TOKEN"
+#: A hot spare's index (docs/restart-in-place.md, "Hot spares"): the worker waits, connected to
+#: the coordinator, to take a lost member's place; its pod's coordinates are the member's then.
+SPARE_VAR: Final = "MONARCH_SPMD_SPARE"
 DISRUPTIONS_VAR: Final = "MONARCH_SPMD_DISRUPTIONS"
 PERMANENT_EXIT_CODES_VAR: Final = "MONARCH_SPMD_PERMANENT_EXIT_CODES"
 RETRYABLE_EXIT_CODES_VAR: Final = "MONARCH_SPMD_RETRYABLE_EXIT_CODES"

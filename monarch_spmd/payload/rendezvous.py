@@ -55,9 +55,12 @@ FREEZE: Final = "freeze"
 FROZEN: Final = "frozen"
 DUMP: Final = "dump"
 STACKS: Final = "stacks"
+ASSIGN: Final = "assign"
 
 ROLE_MEMBER: Final = "member"
 ROLE_OBSERVER: Final = "observer"
+ROLE_SPARE: Final = "spare"
+ROLES: Final = (ROLE_MEMBER, ROLE_OBSERVER, ROLE_SPARE)
 
 # --- observer events (docs/restart-in-place.md, "The observer protocol") --------------------------
 EV_ROUND: Final = "round"
@@ -71,11 +74,13 @@ EV_EXITED: Final = "exited"
 EV_RESTART: Final = "restart"
 EV_PROGRESS: Final = "progress"
 EV_HANG: Final = "hang"
+EV_SPARE: Final = "spare"
+EV_TAKEOVER: Final = "takeover"
 EV_SUCCEEDED: Final = "succeeded"
 EV_FAILED: Final = "failed"
 #: Events kept in the history a (re)connecting observer receives.
-HISTORY_EVENTS: Final = frozenset({EV_ROUND, EV_STARTED, EV_ALL_RUNNING, EV_HANG, EV_FAILURE, EV_LOST, EV_RESTART,
-                                   EV_SUCCEEDED, EV_FAILED})
+HISTORY_EVENTS: Final = frozenset({EV_ROUND, EV_STARTED, EV_ALL_RUNNING, EV_HANG, EV_FAILURE, EV_LOST, EV_TAKEOVER,
+                                   EV_RESTART, EV_SUCCEEDED, EV_FAILED})
 HISTORY_LIMIT: Final = 5000
 #: The newest history events always kept whole (with their output lines), whatever their size.
 HISTORY_WHOLE: Final = 12
@@ -173,6 +178,8 @@ MAX_OUTPUT_LINE: Final = 512
 MAX_HISTORY_BYTES: Final = 512 * 1024
 #: Rows of a running or exited message (processes per member), at most.
 MAX_PROCS: Final = 4096
+#: Spares of one gang, at most (a spare's index is below it).
+MAX_SPARES: Final = 1024
 #: The largest round, rank, pid or member id accepted.
 MAX_INT: Final = (1 << 31) - 1
 #: A node name, incarnation, reason or signal name, in characters, at most.
@@ -280,8 +287,8 @@ def check_hello(message: Mapping[str, Any], members: int) -> dict[str, Any]:
             or not all(isinstance(v, int) and not isinstance(v, bool) for v in versions):
         raise ProtocolError("hello.versions: expected a list of 1..16 integers")
     role = message.get("role")
-    if role not in (ROLE_MEMBER, ROLE_OBSERVER):
-        raise ProtocolError(f"hello.role: {str(role)[:40]!r} is not valid; expected {ROLE_MEMBER} or {ROLE_OBSERVER}")
+    if role not in ROLES:
+        raise ProtocolError(f"hello.role: {str(role)[:40]!r} is not valid; expected one of {', '.join(ROLES)}")
     out: dict[str, Any] = {"role": role, "versions": versions, "token": _str(message, "token", 256) or ""}
     if role == ROLE_MEMBER:
         if members < 1:
@@ -289,6 +296,9 @@ def check_hello(message: Mapping[str, Any], members: int) -> dict[str, Any]:
         out.update(member=_int(message, "member", 0, members - 1),
                    incarnation=_str(message, "incarnation", 64) or "",
                    disruptions=_int(message, "disruptions", 0, MAX_INT, optional=True) or 0,
+                   node=_str(message, "node", MAX_NAME) or "")
+    elif role == ROLE_SPARE:
+        out.update(spare=_int(message, "spare", 0, MAX_SPARES - 1), incarnation=_str(message, "incarnation", 64) or "",
                    node=_str(message, "node", MAX_NAME) or "")
     return out
 
@@ -521,6 +531,11 @@ class Coordinator:
         self._cause: dict[str, Any] | None = None
         #: A hang whose stacks are being taken on every member (None: none).
         self.capture: _Capture | None = None
+        #: Hot spares connected and not yet given a member's place: index -> (incarnation, node).
+        self.spares: dict[int, tuple[str, str]] = {}
+        #: Members whose place a spare took, whose loss is not counted against maxRestarts.
+        self.taken_over: set[int] = set()
+        self.takeovers = 0
 
     # --- events -------------------------------------------------------------------------------
 
@@ -591,6 +606,7 @@ class Coordinator:
         replacement = member in self.seen
         if replacement:
             self.replacements.add(member)
+        self.taken_over.discard(member)  # a spare that took its place (or a replacement): its own from now on
         self.seen.add(member)
         self.incarnations[member] = incarnation
         self.nodes[member] = cut(node, MAX_NAME)
@@ -705,6 +721,11 @@ class Coordinator:
         del self.incarnations[member]
         self.idle.pop(member, None)
         out = [self._event(EV_LOST, member=member, reason=reason, node=self.nodes.get(member, ""))]
+        takeover = self._take_over(member)
+        out.extend(takeover)
+        gone = f"member {member}'s agent is gone ({reason})"
+        if takeover:
+            gone += "; a hot spare takes its place"
         if self.phase == JOINING:
             self.joined.discard(member)
         elif self.phase == RUNNING_PHASE:
@@ -712,19 +733,60 @@ class Coordinator:
             self.done.discard(member)
             out.extend(self._record_failure(member, {"rank": None, "local_rank": None, "pid": None,
                                                      "exit_code": None, "returncode": None, "signal": None,
-                                                     "reason": REASON_MEMBER_LOST,
-                                                     "message": f"member {member}'s agent is gone ({reason})",
-                                                     "tail": [], "at": None}))
+                                                     "reason": REASON_MEMBER_LOST, "message": gone,
+                                                     "tail": [], "at": None, "takeover": bool(takeover)}))
         elif self.phase == STOPPING:
             self.next_joined.discard(member)
             if not any(f.member == member for f in self.failures):
                 self.received += 1
                 self.failures.append(_Failure(member, {"reason": REASON_MEMBER_LOST, "exit_code": None,
-                                                       "rank": None, "at": None,
-                                                       "message": f"member {member}'s agent is gone ({reason})"},
-                                              self.received))
+                                                       "rank": None, "at": None, "message": gone,
+                                                       "takeover": bool(takeover)}, self.received))
             out.extend(self._maybe_decide())
         return out
+
+    # --- hot spares ----------------------------------------------------------------------------
+
+    def spare_hello(self, spare: int, incarnation: str, now: float, *, node: str = "") -> list[Out]:
+        """A spare's agent connected (a new incarnation supersedes an older one): it waits, warm,
+        for a lost member's place. A member lost while no spare was ready gets this one at once."""
+        self.now = now
+        old = self.spares.get(spare)
+        out: list[Out] = []
+        if old is not None and old[0] != incarnation:
+            out.append(Out(f"{ROLE_SPARE}:{spare}", {"type": FAIL, "reason": LOST_SUPERSEDED}, drop=True))
+        self.spares[spare] = (incarnation, cut(node, MAX_NAME))
+        out.append(Out(f"{ROLE_SPARE}:{spare}", {"type": WELCOME, "v": VERSION, "round": self.round, "phase": self.phase}))
+        out.append(self._event(EV_SPARE, spare=spare, node=self.spares[spare][1], state="ready", ready=len(self.spares)))
+        if self.phase in (FINISHED, FAILED):
+            out.append(Out(f"{ROLE_SPARE}:{spare}", {"type": FINISH, "round": self.round}))
+            return out
+        waiting = [m for m in range(1, self.members) if m in self.seen and m not in self.incarnations
+                   and m not in self.taken_over]
+        if waiting:
+            out.extend(self._take_over(waiting[0]))
+        return out
+
+    def spare_lost(self, spare: int, incarnation: str | None, now: float) -> list[Out]:
+        """A waiting spare's connection closed (its pod is gone): it is no longer ready."""
+        self.now = now
+        if spare not in self.spares or (incarnation is not None and self.spares[spare][0] != incarnation):
+            return []
+        _, node = self.spares.pop(spare)
+        return [self._event(EV_SPARE, spare=spare, node=node, state="gone", ready=len(self.spares))]
+
+    def _take_over(self, member: int) -> list[Out]:
+        """Member ``member`` is lost: the lowest ready spare takes its place (``assign``), and joins
+        the next round as that member. Member 0 runs the coordinator: its loss ends the gang."""
+        if member == 0 or not self.spares or self.phase in (FINISHED, FAILED):
+            return []
+        spare = min(self.spares)
+        _, node = self.spares.pop(spare)
+        self.taken_over.add(member)
+        self.takeovers += 1
+        return [Out(f"{ROLE_SPARE}:{spare}", {"type": ASSIGN, "member": member, "round": self.round}),
+                self._event(EV_TAKEOVER, member=member, spare=spare, node=node, ready=len(self.spares),
+                            takeovers=self.takeovers)]
 
     def heartbeat(self, member: int, now: float, *, idle: float | None = None, rank: int | None = None,
                   line: str = "") -> list[Out]:
@@ -845,6 +907,8 @@ class Coordinator:
     def _decide(self) -> list[Out]:
         root = min(self.failures, key=lambda f: f.key)
         info = root.info
+        if info.get("takeover"):
+            self.disruptions += 1  # a lost node whose place a spare took: not the program's restart
         code = info.get("exit_code")
         reason = info.get("reason") or REASON_ERROR
         healthy = (self.all_running_at is not None and self.first_failure_at is not None

@@ -200,6 +200,7 @@ from .names import (
     RESTART_COUNT_VAR,
     ROLE_NAME_VAR,
     RUN_ID_VAR,
+    SPARE_VAR,
 )
 
 #: Every input variable, in the order of the docstring's table.
@@ -294,6 +295,8 @@ class WorkerInputs:
     log_dir: str | None = None
     redirects: int | dict[int, int] = 0
     tee: int | dict[int, int] = 0
+    #: A hot spare's index (MONARCH_SPMD_SPARE): no coordinates until it takes a member's place.
+    spare: int | None = None
 
     @property
     def local_procs(self) -> int:
@@ -318,6 +321,12 @@ class WorkerInputs:
     def members(self) -> int:
         """How many workers (pods) the gang has."""
         return contract.world_size(self.mesh) // self.local_procs
+
+    def as_member(self, member: int) -> WorkerInputs:
+        """These inputs for the worker of member ``member`` (a spare taking its place)."""
+        dims = self.mesh[:-1] if self.pod_layout == PER_HOST else self.mesh
+        coords = contract.coords_of(dims, member) if dims else []
+        return dataclasses.replace(self, coords=coords, spare=None)
 
     def policy(self) -> rendezvous.Policy:
         """The restart policy the coordinator decides with."""
@@ -496,6 +505,9 @@ def read_inputs(environ: Mapping[str, str]) -> WorkerInputs:
     # A PerHost worker has a coordinate on every dimension but the last (none for a 1-D mesh).
     want = len(mesh) - 1 if layout == PER_HOST else len(mesh)
     raw_coords = environ.get(COORDS_VAR, "").strip()
+    spare = _int_var(environ, SPARE_VAR, -1, 0, rendezvous.MAX_SPARES - 1) if environ.get(SPARE_VAR, "").strip() else None
+    if spare is not None and not raw_coords:
+        raw_coords = ",".join("0" * want)  # none until it takes a member's place
     if not raw_coords and want:
         raise WorkerInputError(
             f"{COORDS_VAR}: not set; expected {want} comma-separated coordinates for mesh "
@@ -592,6 +604,7 @@ def read_inputs(environ: Mapping[str, str]) -> WorkerInputs:
         log_dir=environ.get(LOG_DIR_VAR, "").strip() or None,
         redirects=redirects,
         tee=tee,
+        spare=spare,
     )
 
 
@@ -786,6 +799,38 @@ def program_env(base: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in base.items() if not k.startswith(RESERVED_PREFIX)}
 
 
+def run_spare(inputs: WorkerInputs, base: Mapping[str, str]) -> WorkerInputs | int:
+    """A hot spare: waits, connected to the coordinator, until it is given a lost member's place;
+    returns that member's inputs (the worker then runs as that member, joining its next round),
+    or the exit code when the gang ended first (0) or a signal stopped it."""
+    assert inputs.spare is not None and inputs.agent_port is not None
+    received: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, _f: received.append(signum)) for s in agent.STOP_SIGNALS}
+    try:
+        _err(f"hot spare {inputs.spare} of mesh {contract.format_mesh(inputs.mesh)}, master "
+             f"{inputs.master_addr}:{inputs.master_port}, pid {os.getpid()}: waiting to take a lost member's place")
+        try:
+            wait_for_master(inputs.master_addr, inputs.master_port, timeout=inputs.rendezvous_timeout)
+        except RendezvousTimeout as e:
+            _err(f"rendezvous timeout: {e}")
+            return EX_TEMPFAIL
+        addr = inputs.agent_addr or inputs.master_addr
+        outcome = agent.wait_as_spare(addr, inputs.agent_port, spare=inputs.spare, token=inputs.agent_token or "",
+                                      node=base.get("NODE_NAME") or socket.gethostname(),
+                                      connect_timeout=inputs.rendezvous_timeout,
+                                      interrupted=lambda: received[0] if received else None)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if outcome.member is None:
+        _err(f"hot spare {inputs.spare}: {outcome.why}; exiting {outcome.code}")
+        return outcome.code
+    member = inputs.as_member(outcome.member)
+    _err(f"hot spare {inputs.spare} takes the place of member {outcome.member} (ranks from {member.rank}, coords "
+         f"{contract.format_mesh(zip([n for n, _ in inputs.mesh], member.coords))})")
+    return member
+
+
 def run_agent(inputs: WorkerInputs, command: Sequence[str], base: Mapping[str, str]) -> int:
     """Runs the pod's processes as its agent (see :mod:`.agent`); returns the exit code."""
     clean = program_env(base)
@@ -877,10 +922,22 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
                                        f"got {' '.join(args)}")
             return run_monarch_host(inputs, base)
         command = command_for(args)
+        if inputs.spare is not None and inputs.agent_port is None:
+            raise WorkerInputError(f"{SPARE_VAR}: a hot spare needs the gang's coordinator ({AGENT_PORT_VAR}: restart "
+                                   "in place); without it there is no member's place to take")
+        if inputs.spare is not None and inputs.members < 2:
+            raise WorkerInputError(f"{SPARE_VAR}: mesh {contract.format_mesh(inputs.mesh)} ({inputs.pod_layout}) has "
+                                   "one pod, whose loss is its coordinator's: a spare can take no place")
         env = build_env(inputs, base)
     except (WorkerInputError, ValueError) as e:
         _err(f"bad input: {e}")
         return EX_USAGE
+    if inputs.spare is not None:
+        taken = run_spare(inputs, base)
+        if isinstance(taken, int):
+            return taken
+        inputs = taken
+        env = build_env(inputs, base)
     rank = inputs.rank
     names = [n for n, _ in inputs.mesh]
     world, mesh = env["WORLD_SIZE"], contract.format_mesh(inputs.mesh)

@@ -158,6 +158,8 @@ PHASES = [
     (R.STOPPING, ev(R.EV_RESTART, 0, round=2, next_round=3), 2, R.STOPPING, 2),
     (R.RUNNING_PHASE, ev(R.EV_PROGRESS, 0, round=2, seconds_since_progress=1.0), 2, R.RUNNING_PHASE, 2),
     (R.RUNNING_PHASE, ev(R.EV_HANG, 0, round=2, member=0, rank=1, reason="NoProgress"), 2, R.RUNNING_PHASE, 2),
+    (R.RUNNING_PHASE, ev(R.EV_SPARE, 0, round=2, spare=0, state="ready", ready=1), 2, R.RUNNING_PHASE, 2),
+    (R.RUNNING_PHASE, ev(R.EV_TAKEOVER, 0, round=2, member=1, spare=0), 2, R.RUNNING_PHASE, 2),
     (R.RUNNING_PHASE, ev(R.EV_SUCCEEDED, 0, round=2), 2, R.FINISHED, 2),
     (R.STOPPING, ev(R.EV_FAILED, 0, round=2), 2, R.FAILED, 2),
     (R.JOINING, ev(R.EV_ROUND, 0, round="3"), 2, R.JOINING, 2),  # a round that is not a number moves nothing

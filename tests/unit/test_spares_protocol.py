@@ -1,0 +1,103 @@
+"""Hot spares in the coordinator (monarch_spmd.payload.rendezvous): a spare that said hello waits;
+a lost member's place goes to the lowest ready spare (``assign``), the round restarts with it as
+that member, and the loss is not counted against maxRestarts. Driven by hand; tests/lib/test_spares.py
+runs it with real workers and ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from monarch_spmd.payload import rendezvous as rv
+from monarch_spmd.payload.rendezvous import ALL, OBSERVERS, Coordinator, Policy
+
+
+def running_gang(members: int = 3, max_restarts: int = 0) -> Coordinator:
+    c = Coordinator(members, 0, Policy(max_restarts=max_restarts, backoff=0.0), now=0.0, world_size=members,
+                    run_id="job", wall=lambda: 1000.0)
+    c.start()
+    for m in range(members):
+        c.hello(m, f"inc-{m}", 1.0)
+    for m in range(members):
+        c.join(m, 0, 1.0)
+    for m in range(members):
+        c.running(m, 0, [{"rank": m, "local_rank": 0, "pid": 100 + m}], 2.0)
+    return c
+
+
+def to(outs, who):
+    return [o.message for o in outs if o.to == who]
+
+
+def events(outs, kind):
+    return [o.message for o in outs if o.to == OBSERVERS and o.message["type"] == kind]
+
+
+def test_a_lost_member_is_taken_over_by_the_lowest_ready_spare_and_the_restart_is_not_counted():
+    c = running_gang()
+    outs = c.spare_hello(3, "s3", 2.0, node="node-c") + c.spare_hello(1, "s1", 2.0, node="node-b")
+    assert to(outs, "spare:1")[0]["type"] == rv.WELCOME
+    assert [e["ready"] for e in events(outs, rv.EV_SPARE)] == [1, 2]
+    outs = c.lost(2, rv.LOST_HEARTBEAT, 5.0)
+    assert to(outs, "spare:1") == [{"type": rv.ASSIGN, "member": 2, "round": 0}]
+    [takeover] = events(outs, rv.EV_TAKEOVER)
+    assert (takeover["member"], takeover["spare"], takeover["node"], takeover["ready"]) == (2, 1, "node-b", 1)
+    [failure] = events(outs, rv.EV_FAILURE)
+    assert failure["reason"] == rv.REASON_MEMBER_LOST and "a hot spare takes its place" in failure["message"]
+    assert to(outs, ALL) == [{"type": rv.STOP, "round": 0}]
+    # The others stop and join round 1; the spare connects as member 2 and joins too.
+    for m in (0, 1):
+        c.exited(m, 0, [{"rank": m, "exit_code": 143, "stopped": True}], 6.0)
+        c.join(m, 1, 6.0)
+    outs = c.hello(2, "spare-as-2", 6.1, node="node-b")
+    assert to(outs, 2)[0]["round"] == 1
+    outs = c.join(2, 1, 6.2)
+    [restart] = [e for e in c.history if e["type"] == rv.EV_RESTART]
+    assert (restart["reason"], restart["counted"], restart["max_restarts"]) == (rv.REASON_MEMBER_LOST, 0, 0)
+    assert to(outs, ALL) == [{"type": rv.GO, "round": 1}], "maxRestarts 0 and still going: the loss was not counted"
+    assert c.takeovers == 1 and list(c.spares) == [3]
+
+
+def test_a_loss_with_no_spare_ready_waits_and_the_next_spare_to_come_takes_it():
+    c = running_gang(max_restarts=3)
+    outs = c.lost(1, rv.LOST_DISCONNECTED, 5.0)
+    assert not events(outs, rv.EV_TAKEOVER)
+    outs = c.spare_hello(0, "s0", 7.0)
+    assert to(outs, "spare:0")[-1] == {"type": rv.ASSIGN, "member": 1, "round": 0}
+    assert c.spare_hello(1, "s1", 8.0) and not c.taken_over - {1}
+
+
+def test_member_zero_is_never_taken_over_it_runs_the_coordinator():
+    c = running_gang()
+    c.spare_hello(0, "s0", 2.0)
+    assert not events(c.lost(0, rv.LOST_LEFT, 3.0), rv.EV_TAKEOVER) and list(c.spares) == [0]
+
+
+def test_a_spare_that_goes_is_no_longer_ready_and_a_new_incarnation_supersedes_the_old():
+    c = running_gang()
+    c.spare_hello(0, "old", 2.0)
+    outs = c.spare_hello(0, "new", 2.5)
+    assert [o.message["type"] for o in outs if o.drop] == [rv.FAIL]
+    assert c.spare_lost(0, "old", 3.0) == [] and 0 in c.spares  # the superseded one's close changes nothing
+    [gone] = events(c.spare_lost(0, "new", 3.0), rv.EV_SPARE)
+    assert (gone["state"], gone["ready"]) == ("gone", 0)
+    assert not events(c.lost(2, rv.LOST_HEARTBEAT, 4.0), rv.EV_TAKEOVER)
+
+
+def test_a_spare_of_a_finished_gang_is_told_so():
+    c = running_gang()
+    for m in range(3):
+        c.exited(m, 0, [{"rank": m, "exit_code": 0}], 3.0)
+    outs = c.spare_hello(0, "s0", 4.0)
+    assert to(outs, "spare:0")[-1] == {"type": rv.FINISH, "round": 0}
+
+
+@pytest.mark.parametrize("hello, words", [
+    ({"role": "spare", "versions": [1], "spare": rv.MAX_SPARES}, "hello.spare: '1024' is not valid"),
+    ({"role": "spare", "versions": [1], "spare": "0"}, "hello.spare: '0' is not valid"),
+    ({"role": "spare", "versions": [1]}, "hello.spare: 'None' is not valid"),
+    ({"role": "sparrow", "versions": [1]}, "hello.role: 'sparrow' is not valid; expected one of member, observer, spare"),
+])
+def test_a_malformed_spare_hello_is_refused_naming_its_field(hello, words):
+    with pytest.raises(rv.ProtocolError) as e:
+        rv.check_hello({"type": rv.HELLO, **hello}, 3)
+    assert str(e.value).startswith(words)
