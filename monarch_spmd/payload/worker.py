@@ -81,6 +81,9 @@ MONARCH_SPMD_FAILURE_OUTPUT         ``Tail`` (default),         ``None``: no lin
 MONARCH_SPMD_LOG_DIR                unset (default)             torchrun's ``--log-dir``
 MONARCH_SPMD_REDIRECTS              ``0`` (default), ``3``      torchrun's ``--redirects``
 MONARCH_SPMD_TEE                    ``0`` (default), ``0:3``    torchrun's ``--tee``
+MONARCH_SPMD_SPARE                  unset (default), ``0``      a hot spare's index: no coordinates;
+                                                                it waits to take a lost member's
+                                                                place (docs/restart-in-place.md)
 MONARCH_SPMD_OBSERVER_WAIT          unset (default), ``10``     member 0: seconds to wait, once its
                                                                 coordinator listens, for an observer
                                                                 before joining (the local runner's)
