@@ -328,13 +328,7 @@ class CoordinatorServer:
                 old = self.by_spare.get(spare)
                 conn.role, conn.spare, conn.incarnation = role, spare, hello["incarnation"]
                 self.by_spare[spare] = conn
-                for out in m.spare_hello(spare, hello["incarnation"], now, node=hello["node"]):
-                    if out.drop:
-                        if old is not None and old is not conn:
-                            self._send(old, rendezvous.encode(out.message))
-                            self._close(old)
-                        continue
-                    self._apply([out])
+                self._apply_superseding(old, conn, m.spare_hello(spare, hello["incarnation"], now, node=hello["node"]))
                 return
             if role == rendezvous.ROLE_OBSERVER:
                 if len(self.observers) >= rendezvous.MAX_OBSERVERS:
@@ -348,14 +342,8 @@ class CoordinatorServer:
             conn.role, conn.member = role, member
             conn.lines.limit = rendezvous.MAX_MEMBER_LINE
             self.by_member[member] = conn
-            outs = m.hello(member, hello["incarnation"], now, disruptions=hello["disruptions"], node=hello["node"])
-            for out in outs:
-                if out.drop:
-                    if old is not None and old is not conn:
-                        self._send(old, rendezvous.encode(out.message))
-                        self._close(old)
-                    continue
-                self._apply([out])
+            self._apply_superseding(old, conn, m.hello(member, hello["incarnation"], now,
+                                                       disruptions=hello["disruptions"], node=hello["node"]))
             return
         member = conn.member
         if conn.role == rendezvous.ROLE_SPARE:
@@ -387,6 +375,17 @@ class CoordinatorServer:
             self._lost(conn, rendezvous.LOST_LEFT)
         elif kind == rendezvous.HEARTBEAT:
             self._apply(m.heartbeat(member, now, idle=message["idle"], rank=message["rank"], line=message["line"]))
+
+    def _apply_superseding(self, old: _Conn | None, conn: _Conn, outs: Sequence[rendezvous.Out]) -> None:
+        """A hello's answers; one that drops (a new incarnation supersedes ``old``) is sent to the
+        old connection, which is then closed."""
+        for out in outs:
+            if out.drop:
+                if old is not None and old is not conn:
+                    self._send(old, rendezvous.encode(out.message))
+                    self._close(old)
+                continue
+            self._apply([out])
 
     def _apply(self, outs: Sequence[rendezvous.Out]) -> None:
         for out in outs:

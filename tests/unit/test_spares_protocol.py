@@ -8,20 +8,11 @@ from __future__ import annotations
 import pytest
 
 from monarch_spmd.payload import rendezvous as rv
-from monarch_spmd.payload.rendezvous import ALL, OBSERVERS, Coordinator, Policy
+from monarch_spmd.payload.rendezvous import ALL, OBSERVERS
+
+from .test_gang_capture import running_gang
 
 
-def running_gang(members: int = 3, max_restarts: int = 0) -> Coordinator:
-    c = Coordinator(members, 0, Policy(max_restarts=max_restarts, backoff=0.0), now=0.0, world_size=members,
-                    run_id="job", wall=lambda: 1000.0)
-    c.start()
-    for m in range(members):
-        c.hello(m, f"inc-{m}", 1.0)
-    for m in range(members):
-        c.join(m, 0, 1.0)
-    for m in range(members):
-        c.running(m, 0, [{"rank": m, "local_rank": 0, "pid": 100 + m}], 2.0)
-    return c
 
 
 def to(outs, who):
