@@ -114,6 +114,7 @@ LOCAL_FIELDS: Final[Mapping[str, tuple[str, str]]] = {
     "restartPolicy.maxBackoffSeconds": (HONOURED, ""),
     "restartPolicy.backoffResetSeconds": (HONOURED, ""),
     "restartPolicy.joinTimeoutSeconds": (HONOURED, ""),
+    "spares": (NOTED, "no spare workers are started locally: a worker that dies is replaced alone"),
     "failureOutput": (NOTED, "every rank's output is on this terminal"),
     "rendezvousTimeoutSeconds": (HONOURED, ""),
     "activeDeadlineSeconds": (HONOURED, ""),

@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import random
 import re
 from collections.abc import Iterator, Mapping
@@ -99,6 +100,8 @@ MAX_JOB_NAME_LENGTH: Final = 50
 MAX_DIM_NAME_LENGTH: Final = 57
 MAX_RESTARTS_LIMIT: Final = 100
 MAX_GPUS_PER_PROC: Final = 16
+#: Hot spares of one job, at most.
+MAX_SPARES: Final = 64
 MAX_RENDEZVOUS_TIMEOUT: Final = 86400
 MAX_REPLACEMENT_TIMEOUT: Final = 86400
 MAX_ARGS: Final = 4096
@@ -314,6 +317,7 @@ class JobSpec:
     pod_replacement_policy: str = DEFAULT_POD_REPLACEMENT_POLICY
     replacement_timeout_seconds: int = DEFAULT_REPLACEMENT_TIMEOUT
     restart_mode: str = DEFAULT_RESTART_MODE
+    spares: int = 0
     progress_timeout_seconds: int | None = None
     backoff_seconds: int = DEFAULT_BACKOFF_SECONDS
     max_backoff_seconds: int = DEFAULT_MAX_BACKOFF_SECONDS
@@ -424,6 +428,37 @@ class Argv(Rule):
 
 _ARGS_EXAMPLE: Final = f"give the training argv: {worker.ARGV_HINT.removeprefix('expected ')}"
 _CEL_MONARCH: Final = f"(has(self.mode) && self.mode == '{MODE_MONARCH}')"
+
+
+@dataclass(frozen=True)
+class SparesNeedAGang(Rule):
+    """Hot spares take a lost member's place through the gang's coordinator: restartPolicy.mode
+    InPlace, mode Program, and more than one pod (the only pod's loss is its coordinator's)."""
+
+    message: str = (f"hot spares take a lost pod's place through the gang's coordinator: they need restartPolicy.mode "
+                    f"{RESTART_IN_PLACE} (the default) and mode {MODE_PROGRAM}")
+    field_path: str | None = ".spares"
+
+    def cel(self) -> str:
+        return (f"!has(self.spares) || self.spares == 0 || ((!has(self.restartPolicy) || !has(self.restartPolicy.mode) "
+                f"|| self.restartPolicy.mode == '{RESTART_IN_PLACE}') && !{_CEL_MONARCH})")
+
+    def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
+        spares = value.get("spares")
+        if not isinstance(spares, int) or isinstance(spares, bool) or spares <= 0:
+            return
+        restart = value.get("restartPolicy") if isinstance(value.get("restartPolicy"), Mapping) else {}
+        mode = restart.get("mode", RESTART_IN_PLACE)
+        if mode != RESTART_IN_PLACE or value.get("mode") == MODE_MONARCH:
+            yield ".spares", f"{spares} is not allowed; {self.message}"
+            return
+        mesh = value.get("mesh")
+        sizes = [d.get("size") for d in mesh] if isinstance(mesh, list) and all(isinstance(d, Mapping) for d in mesh) else []
+        if sizes and all(isinstance(n, int) and not isinstance(n, bool) for n in sizes):
+            pods = math.prod(sizes[:-1]) if value.get("podLayout") == PER_HOST else math.prod(sizes)
+            if pods < 2:
+                yield ".spares", (f"{spares} is not allowed; the job has one pod, whose loss is its coordinator's: a "
+                                  "spare can take the place of any pod but rank 0's")
 
 
 @dataclass(frozen=True)
@@ -906,7 +941,7 @@ SPEC: Final = Obj(
         Job's pod template: suspend it (its pods are deleted), change them, resume it. The others
         (restartPolicy, activeDeadlineSeconds, ttlSecondsAfterFinished, suspend) change at any
         time."""),
-    rules=(ArgsForMode(), LayoutForMode(), *(FrozenUnlessSuspended(key) for key in POD_SHAPING_FIELDS)),
+    rules=(ArgsForMode(), LayoutForMode(), SparesNeedAGang(), *(FrozenUnlessSuspended(key) for key in POD_SHAPING_FIELDS)),
     properties={
         "mesh": Arr(
             required=True,
@@ -1007,6 +1042,18 @@ SPEC: Final = Obj(
                 still start when no node fits them all. Default false."""),
         ),
         "restartPolicy": RESTART_POLICY,
+        "spares": Int(
+            default=0, minimum=0, maximum=MAX_SPARES,
+            description=_d(f"""
+                Hot spares: this many extra pods, created with the gang's and like its pods
+                (scheduled, image pulled, worker running, holding their resources) that take no
+                part in training; gang admission (Kueue, PodGroups) counts them. When a pod other
+                than rank 0's is lost (its node frozen, the pod deleted or evicted), the gang's
+                coordinator gives its place to a ready spare at once: every rank restarts in place
+                with the spare as that pod, the restart is not counted against maxRestarts, and a
+                new spare is created in the background. Needs restartPolicy.mode InPlace and more
+                than one pod. 0..{MAX_SPARES}, default 0."""),
+        ),
         "rendezvousTimeoutSeconds": Int(
             default=DEFAULT_RENDEZVOUS_TIMEOUT, minimum=1, maximum=MAX_RENDEZVOUS_TIMEOUT,
             description=_d(f"""
@@ -1174,6 +1221,15 @@ STATUS: Final = Obj(
         "disruptions": Int(description=_d("""
             How many of those replacements followed a disruption (a pod preempted, evicted, drained
             or lost with its node): they do not count against restartPolicy.maxRestarts.""")),
+        "spares": Obj(
+            description="spec.spares: the hot spares of the current attempt, as its coordinator reports them.",
+            properties={
+                "ready": Int(description="Spares connected to the gang's coordinator and waiting to take a lost pod's place."),
+                "used": Int(description=_d("""
+                    Lost pods whose place a spare took in the current attempt (each pod then runs as
+                    that pod, labelled with its rank; a new spare replaces it).""")),
+            },
+        ),
         "running": Int(description="Procs of the current attempt whose pod is running."),
         "succeeded": Int(description="Procs of the current attempt that exited 0."),
         "failed": Int(description="Procs of the current attempt that failed."),

@@ -463,6 +463,42 @@ def build_pod(job: JobRef, spec: JobSpec, index: int, restart: int, *, replaceme
     return pod
 
 
+def build_spare_pod(job: JobRef, spec: JobSpec, spare: int, restart: int, *, disruptions: int = 0,
+                    payload: str | None = None, token: str | None = None,
+                    avoid_nodes: Collection[str] = ()) -> dict[str, Any]:
+    """Hot spare ``spare`` of gang attempt ``restart`` (spec.spares): built as the gang's pod 1 is
+    (image, resources, GPUs, volumes, the attempt's token and inputs), then made no member's: its
+    name ``<job>-<id>-r<restart>-s<spare>``, the label ``spmd.monarch.dev/spare`` instead of a rank
+    and coordinates, and MONARCH_SPMD_SPARE instead of MONARCH_SPMD_COORDS (its worker waits at the
+    coordinator to take a lost pod's place: docs/restart-in-place.md)."""
+    pod = build_pod(job, spec, 1, restart, disruptions=disruptions, payload=payload, token=token,
+                    avoid_nodes=avoid_nodes)
+    meta = pod["metadata"]
+    meta["name"] = names.spare_pod_name(job, restart, spare)
+    member = pod_labels(job, spec, 1, restart)
+    labels = {k: v for k, v in meta["labels"].items()
+              if k not in member or k in (names.LABEL_JOB, names.LABEL_JOB_UID, names.LABEL_RESTART, names.LABEL_PROCS)}
+    labels[names.LABEL_SPARE] = str(spare)
+    meta["labels"] = labels
+    trainer = next(c for c in pod["spec"]["containers"] if c.get("name") == names.CONTAINER_NAME)
+    env = [e for e in trainer.get("env") or [] if e.get("name") != worker.COORDS_VAR]
+    env.append({"name": worker.SPARE_VAR, "value": str(spare)})
+    trainer["env"] = env
+    affinity = pod["spec"].get("affinity") or {}
+    preferred = (affinity.get("podAffinity") or {}).get("preferredDuringSchedulingIgnoredDuringExecution")
+    if spec.colocate and preferred:
+        preferred.pop()  # the term build_pod added for pod 1's host: a spare belongs to none
+    return pod
+
+
+def adopt_labels(job: JobRef, spec: JobSpec, index: int, restart: int, replacement: int) -> dict[str, str | None]:
+    """The label patch that makes a hot spare's pod the ``replacement``-th replacement of pod
+    ``index`` of attempt ``restart`` (its spare took that pod's place): the pod's rank and
+    coordinate labels, ``spmd.monarch.dev/replacement``, and no ``spmd.monarch.dev/spare``."""
+    return {**pod_labels(job, spec, index, restart), names.LABEL_REPLACEMENT: str(replacement),
+            names.LABEL_SPARE: None}
+
+
 # --- network isolation ------------------------------------------------------------------------
 
 NETWORK_POLICY_API: Final = ("networking.k8s.io", "v1", "networkpolicies")
@@ -539,13 +575,14 @@ def join_gang(pod: dict[str, Any], job: JobRef, spec: JobSpec, restart: int) -> 
 
 
 def build_podgroup(job: JobRef, spec: JobSpec, restart: int) -> dict[str, Any]:
-    """The PodGroup of attempt ``restart``: minMember is every pod of the attempt, all or nothing.
+    """The PodGroup of attempt ``restart``: minMember is every pod of the attempt and its hot
+    spares, all or nothing.
 
     Volcano's (scheduling.volcano.sh/v1beta1) carries the queue and the priority class of the
     template; coscheduling's (scheduling.x-k8s.io/v1alpha1) the scheduling timeout.
     """
     group, version, _ = PODGROUP_APIS[spec.scheduling_provider]
-    body: dict[str, Any] = {"minMember": policy.pods_per_attempt(spec)}
+    body: dict[str, Any] = {"minMember": policy.pods_per_attempt(spec) + spec.spares}
     if spec.scheduling_provider == spec_module.SCHEDULING_VOLCANO:
         if spec.scheduling_queue:
             body["queue"] = spec.scheduling_queue
@@ -578,7 +615,7 @@ def build_workload(job: JobRef, spec: JobSpec) -> dict[str, Any]:
         "metadata": _metadata(job, names.workload_name(job), {**job_labels(job), KUEUE_QUEUE_LABEL: spec.scheduling_queue or ""}),
         "spec": {
             "queueName": spec.scheduling_queue,
-            "podSets": [{"name": "procs", "count": policy.pods_per_attempt(spec),
+            "podSets": [{"name": "procs", "count": policy.pods_per_attempt(spec) + spec.spares,
                          "template": {"spec": template_spec}}],
         },
     }

@@ -438,7 +438,7 @@ class Controller:
             raise JobGone("its ttlSecondsAfterFinished passed; deleted")
         for name in (*plan.delete_pods, *plan.delete_services):
             loop.created.pop(name, None)
-        pods = {p.name: p for p in o.pods}
+        pods = {p.name: p for p in (*o.pods, *o.spares)}
         self.metrics.pods_deleted.inc(sum(1 for name in plan.delete_pods if name in pods))
         await self._all([
             *(self.api.delete(kube.pods_url(ns, name), owner=key) for name in plan.delete_pods if name in pods),
@@ -452,9 +452,11 @@ class Controller:
             return deferred
         results = await (children if children is not None else self.creator.children(loop, o, plan, group_api))
         rejected = next((r.refusal for r in results if isinstance(r, Refused)), None)
+        if plan.adopt:
+            await self._adopt(o, plan)
         if rejected is None:
             raise_first(results)
-            creates = plan.create or plan.replace
+            creates = plan.create or plan.replace or plan.spares
             flavors = await self.workloads.flavors(o) if creates and o.workload is not None else []
             rejected = await self.creator.pods(loop, job, spec, plan, flavors, o.pods) if creates else None
         if rejected is not None:
@@ -463,6 +465,20 @@ class Controller:
             loop.rejection = rejected
             loop.wake.set()
         return deferred
+
+    async def _adopt(self, o: lifecycle.Observed, plan: lifecycle.Plan) -> None:
+        """Relabels each hot spare's pod that took a lost pod's place as that pod's replacement."""
+        spec = o.spec
+        assert not isinstance(spec, SpecError)
+        restart = {p.name: p.restart for p in o.spares}
+        patches = [self.api.patch(kube.pods_url(o.job.namespace, name),
+                                  {"metadata": {"labels": builders.adopt_labels(o.job, spec, index, restart[name],
+                                                                                replacement)}},
+                                  owner=o.job.key)
+                   for name, index, replacement in plan.adopt if name in restart]
+        results = await asyncio.gather(*patches, return_exceptions=True)
+        self.metrics.spare_takeovers.inc(sum(1 for r in results if not isinstance(r, BaseException)))
+        raise_first([r for r in results if not (isinstance(r, kube.KubeError) and r.status == 404)])
 
     async def _events_and_status(self, loop: JobLoop, o: lifecycle.Observed, plan: lifecycle.Plan, clock: float) -> None:
         """The plan's Events, then its status patch.

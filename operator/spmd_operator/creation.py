@@ -88,13 +88,13 @@ class Creator:
             writes.append(self._ensure(loop, kube.custom_url(*group_api, ns), builders.build_podgroup(job, spec, plan.podgroup), job))
         if plan.workload:
             writes.append(self._ensure(loop, kube.custom_url(*builders.KUEUE_WORKLOAD, ns), builders.build_workload(job, spec), job))
-        if self.isolation is not None and (plan.create or plan.replace):
+        if self.isolation is not None and (plan.create or plan.replace or plan.spares):
             # Before the pods (they wait for these writes): no pod of the job runs unisolated. One
             # per job, so a later attempt's creation finds it (409, checked to be the job's own).
             isolation = builders.build_network_policy(job, spec, *self.isolation)
             if isolation is not None:
                 writes.append(self._ensure(loop, kube.custom_url(*builders.NETWORK_POLICY_API, ns), isolation, job))
-        if writes or plan.create or plan.replace:
+        if writes or plan.create or plan.replace or plan.spares:
             loop.rejection = None  # tried again: the next pass sees only what this one is refused
         return await asyncio.gather(*writes, return_exceptions=True)
 
@@ -151,19 +151,33 @@ class Creator:
             The API server's refusal of the lowest-ranked pod it refused (400, 403, 422), else None.
         """
         ns = job.namespace
-        wanted = [(r, 0) for r in plan.create] + list(plan.replace)
-        ranks = [(r, n) for r, n in wanted if names.pod_name(job, plan.restart, r, n) not in loop.created]
+        # (index, replacement) of the gang's pods; (-1 - k, 0) of hot spare k (spares.tend).
+        wanted = [(r, 0) for r in plan.create] + list(plan.replace) + [(-1 - k, 0) for k in plan.spares]
+
+        def name_of(rank: int, replacement: int) -> str:
+            if rank < 0:
+                return names.spare_pod_name(job, plan.spare_restart, -1 - rank)
+            return names.pod_name(job, plan.restart, rank, replacement)
+
+        ranks = [(r, n) for r, n in wanted if name_of(r, n) not in loop.created]
         # A pod is built only when its request may go: thousands of pod bodies never sit in memory
         # at once, and the server's answer (the pod again) is not decoded.
         gate = asyncio.Semaphore(self.api.concurrency)
         token = self._attempt_token(loop, spec, plan.restart, pods) if ranks else None
+        spare_token = (self._attempt_token(loop, spec, plan.spare_restart, pods)
+                       if any(r < 0 for r, _ in ranks) else None)
 
         async def create(rank: int, replacement: int) -> Any:
             async with gate:
-                pod = builders.build_pod(job, spec, rank, plan.restart, replacement=replacement,
-                                         restart_count=plan.replace_round if replacement else None,
-                                         disruptions=plan.disruptions, payload=self.payloads.name, token=token,
-                                         avoid_nodes=plan.avoid_nodes)
+                if rank < 0:
+                    pod = builders.build_spare_pod(job, spec, -1 - rank, plan.spare_restart,
+                                                   disruptions=plan.disruptions, payload=self.payloads.name,
+                                                   token=spare_token, avoid_nodes=plan.avoid_nodes)
+                else:
+                    pod = builders.build_pod(job, spec, rank, plan.restart, replacement=replacement,
+                                             restart_count=plan.replace_round if replacement else None,
+                                             disruptions=plan.disruptions, payload=self.payloads.name, token=token,
+                                             avoid_nodes=plan.avoid_nodes)
                 builders.place_on_flavors(pod, flavors)
                 return await self.api.create(kube.pods_url(ns), pod, keep=False, owner=loop.key)
 
@@ -174,8 +188,8 @@ class Creator:
         taken: list[str] = []
         refused: lifecycle.Refusal | None = None
         for i, ((rank, replacement), result) in enumerate(zip(ranks, results)):
-            name = names.pod_name(job, plan.restart, rank, replacement)
-            refusal = refusal_of(result, {"kind": "Pod", "metadata": {"name": name}}, rank)
+            name = name_of(rank, replacement)
+            refusal = refusal_of(result, {"kind": "Pod", "metadata": {"name": name}}, max(rank, 0))
             if refusal is not None:
                 refused = refused or refusal
                 results[i] = None  # said in the next pass, not raised

@@ -32,6 +32,7 @@ spmdjob_in_place_restarts_total            counter    cause (failure, disruption
 spmdjob_hangs_total                        counter    reason (WatchdogTimeout, NoProgress): hung
                                                       ranks killed by the agents (restart or fail)
 spmdjob_pods_replaced_total                counter    pods created alone in place of a lost one
+spmdjob_spare_takeovers_total              counter    hot spares' pods adopted in place of a lost pod
 spmdjob_observers                          gauge      state (connected, connecting): the
                                                       operator's connections to coordinators
 spmdjob_seconds_since_progress             gauge      (a histogram over jobs) of every job whose
@@ -208,6 +209,8 @@ class Metrics:
                               registry=r)
         self.pods_replaced = Counter("spmdjob_pods_replaced", "Pods created alone in place of a lost one",
                                      registry=r)
+        self.spare_takeovers = Counter("spmdjob_spare_takeovers", "Hot spares' pods adopted in place of a lost pod",
+                                       registry=r)
         self.snapshot = _Snapshot(jobs, caches, observers)
         r.register(self.snapshot)
 

@@ -100,6 +100,9 @@ JOB_ID_LENGTH: Final = 5
 #: On a pod created alone in place of a lost one of its gang (restart in place): the how-manieth
 #: replacement of its index in the gang it is (1, 2 ...); absent on the gang's own pods.
 LABEL_REPLACEMENT: Final = f"{LABEL_PREFIX}replacement"
+#: On a hot spare's pod (spec.spares): its index among the job's spares (0, 1 ...); no rank label
+#: until it takes a lost pod's place, when the operator relabels it as that pod's replacement.
+LABEL_SPARE: Final = f"{LABEL_PREFIX}spare"
 #: The container port of the restart-in-place coordinator (every pod declares it; rank 0's listens).
 AGENT_PORT_NAME: Final = "spmd-agent"
 
@@ -150,6 +153,12 @@ def pod_name(job: JobRef, restart: int, index: int, replacement: int = 0) -> str
     """
     base = f"{_prefix(job)}-r{restart}-{index}"
     return f"{base}-{replacement}" if replacement else base
+
+
+def spare_pod_name(job: JobRef, restart: int, spare: int) -> str:
+    """Hot spare ``spare`` of gang attempt ``restart``: ``<job>-<id>-r<restart>-s<spare>``, e.g.
+    hello-3fa9c-r0-s0. A spare index is never used twice in an attempt: a name never in use."""
+    return f"{_prefix(job)}-r{restart}-s{spare}"
 
 
 def service_name(job: JobRef, restart: int) -> str:

@@ -54,7 +54,7 @@ Target = tuple[str, str, str, int]  # (pod name, pod uid, address, port)
 #: The events kept (per kind) of those the lifecycle reads; the newest are enough for it.
 EVENTS_KEPT: Final = 64
 _KEPT: Final = frozenset({rendezvous.EV_ROUND, rendezvous.EV_STARTED, rendezvous.EV_ALL_RUNNING,
-                          rendezvous.EV_RESTART, rendezvous.EV_LOST})
+                          rendezvous.EV_RESTART, rendezvous.EV_LOST, rendezvous.EV_TAKEOVER})
 
 
 class Observer:
@@ -89,6 +89,7 @@ class Observer:
         self.events: dict[str, list[dict[str, Any]]] = {}
         self.final: dict[str, Any] | None = None
         self.progress: dict[str, Any] | None = None
+        self.spares_ready: int | None = None
         self.progress_at: float | None = None  # monotonic time the latest progress event came
         self.since = time.time()
         #: Since when (Unix time) there has been no open connection: the start, then each drop.
@@ -138,7 +139,8 @@ class Observer:
                 restarts=tuple(kinds.get(rendezvous.EV_RESTART, ())), rounds=tuple(kinds.get(rendezvous.EV_ROUND, ())),
                 started=tuple(kinds.get(rendezvous.EV_STARTED, ())),
                 all_running=tuple(kinds.get(rendezvous.EV_ALL_RUNNING, ())),
-                lost=tuple(kinds.get(rendezvous.EV_LOST, ())), final=self.final, progress=self.progress)
+                lost=tuple(kinds.get(rendezvous.EV_LOST, ())), final=self.final, progress=self.progress,
+                takeovers=tuple(kinds.get(rendezvous.EV_TAKEOVER, ())), spares_ready=self.spares_ready)
         return self._view
 
     def seconds_since_progress(self) -> float | None:
@@ -163,6 +165,10 @@ class Observer:
                 del events[:len(events) - EVENTS_KEPT]
         if kind == rendezvous.EV_PROGRESS:
             self.progress, self.progress_at = item, time.monotonic()
+        elif kind in (rendezvous.EV_SPARE, rendezvous.EV_TAKEOVER):
+            ready = event.get("ready")
+            if isinstance(ready, int) and not isinstance(ready, bool) and ready >= 0:
+                self.spares_ready = ready
         elif kind in (rendezvous.EV_SUCCEEDED, rendezvous.EV_FAILED):
             self.final = item
         self._view = None
@@ -172,7 +178,7 @@ class Observer:
         restarted = self.follower.restarted
         events = self.follower.take(message)
         if self.follower.restarted != restarted:  # a new coordinator process: its account, not ours
-            self.events, self.final, self.progress = {}, None, None
+            self.events, self.final, self.progress, self.spares_ready = {}, None, None, None
         now = time.time()
         for event in events:
             self._apply(event, now)

@@ -156,14 +156,16 @@ class View:
                     return None
                 found = inf.get(job.key, job.uid)
                 workload = found[0] if found else None
-        pods = tuple(self.pods.get(job.key, job.uid))
+        owned = tuple(self.pods.get(job.key, job.uid))
+        pods = tuple(p for p in owned if p.spare is None)
         return lifecycle.Observed(
             job=job,
             generation=meta.get("generation"),
             spec=spec,
             status=body.get("status") or {},
             pods=pods,
-            gone=tuple(self.pods.gone(job.key, job.uid)),
+            spares=tuple(p for p in owned if p.spare is not None),
+            gone=tuple(p for p in self.pods.gone(job.key, job.uid) if p.spare is None),
             services=tuple(self.services.get(job.key, job.uid)),
             configmap=configmap,
             podgroups=podgroups,

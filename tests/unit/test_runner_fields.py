@@ -14,6 +14,7 @@ SAMPLES = {
     "image": {"image": "registry.example/train:1"},
     "python": {"python": "python3.11"},
     "colocate": {"colocate": True},
+    "spares": {"spares": 1},
     "restartPolicy.podReplacementPolicy": {"restartPolicy": {"podReplacementPolicy": "TerminatingOrFailed"}},
     "restartPolicy.replacementTimeoutSeconds": {"restartPolicy": {"replacementTimeoutSeconds": 30}},
     "restartPolicy.mode": {"restartPolicy": {"mode": "RecreatePods"}},

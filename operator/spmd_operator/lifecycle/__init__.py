@@ -27,12 +27,12 @@ Phases (``status.phase``) and which policy moves between them::
 
 While a job is active, :mod:`.children` keeps its ConfigMap and its attempt's master Service in
 place. Module by module: admission, finished (and TTL), suspend, deadline, failure, completion,
-gang, children; inplace (restart in place) before failure.
+gang, children; inplace (restart in place) before failure; spares (hot spares) last, in every pass.
 """
 
 from __future__ import annotations
 
-from . import admission, children, completion, deadline, failure, finished, gang, inplace, refusal, suspend
+from . import admission, children, completion, deadline, failure, finished, gang, inplace, refusal, spares, suspend
 from .model import (
     CONDITION_TYPES,
     CONFIGMAP_CURRENT,
@@ -108,30 +108,36 @@ def reconcile(o: Observed) -> Plan:
     observed children, and their names are deterministic.
     """
     p = Pass(o)
+    _decide(p)
+    spares.tend(p)
+    return p.plan()
+
+
+def _decide(p: Pass) -> None:
+    """Every policy but the spares', in order; each one that settles the pass ends it."""
     if admission.refuse(p):
-        return p.plan()
+        return
     record_basics(p)
     if finished.handle(p):
-        return p.plan()
+        return
     if suspend.handle(p):
         if p.create:
             children.ensure(p)
-        return p.plan()
+        return
     if p.phase is None:
         gang.start(p)
         children.ensure(p)
-        return p.plan()
+        return
     if deadline.expired(p):
-        return p.plan()
+        return
     if inplace.handle(p):
-        return p.plan()
+        return
     if failure.handle(p):
         if p.new.get("phase") != FAILED:
             children.ensure(p)
-        return p.plan()
+        return
     if completion.succeeded(p):
-        return p.plan()
+        return
     gang.progress(p)
     children.ensure(p)
     refusal.handle(p)
-    return p.plan()

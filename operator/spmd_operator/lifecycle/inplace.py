@@ -228,6 +228,9 @@ def _failure(p: Pass, event: Mapping[str, Any]) -> Failure:
     rank = _int(event.get("rank"))
     rank = member * per if rank is None else rank
     pod = p.current().get(member)
+    took = _takeover(p, member, _int(event.get("round"))) if event.get("reason") == REASON_MEMBER_LOST else None
+    if took is not None:
+        return _taken_over(p, member, event, took)
     if event.get("reason") == REASON_MEMBER_LOST and pod is not None and _alive(pod):
         silent = _silent_loss(p, member)
         if silent is not None:
@@ -250,6 +253,32 @@ def _failure(p: Pass, event: Mapping[str, Any]) -> Failure:
     permanent = policy.is_permanent(p.spec, code, reason) and not event.get("fallback")
     return Failure(rank, name, node, code, reason, _text(p, event), permanent, False,
                    reason == REASON_MEMBER_LOST, (0, "~", member))
+
+
+def _takeover(p: Pass, member: int, round_: int | None = None) -> Mapping[str, Any] | None:
+    """The coordinator's newest ``takeover`` of ``member`` (in round ``round_``, when given): a
+    hot spare took its place (:mod:`.spares` adopts the spare's pod)."""
+    v = view(p)
+    for event in reversed(v.takeovers if v is not None else ()):
+        if _int(event.get("member")) == member and (round_ is None or _int(event.get("round")) == round_):
+            return event
+    return None
+
+
+def _taken_over(p: Pass, member: int, event: Mapping[str, Any], took: Mapping[str, Any]) -> Failure:
+    """The restart of a member whose place a hot spare took: a disruption, never a recreation."""
+    spare = _int(took.get("spare"))
+    spare_pod = names.spare_pod_name(p.o.job, p.gang, spare) if spare is not None else "a spare"
+    older = [g for g in (*p.o.pods, *p.o.gone) if g.restart == p.gang and p.index(g) == member
+             and g.name != spare_pod]
+    lost = max(older, key=lambda g: g.replacement) if older else None
+    name = lost.name if lost is not None else names.pod_name(p.o.job, p.gang, member)
+    silent = event.get("reason") == REASON_MEMBER_LOST and _silent_loss(p, member) is not None
+    reason = REASON_NODE_LOST if silent else REASON_MEMBER_LOST
+    message = (f"{event.get('message') or f'the agent of pod {name} is gone'}; hot spare pod {spare_pod} took its "
+               f"place (on node {took.get('node') or '?'})")
+    node = (lost.node if lost is not None else None) or None
+    return Failure(member * p.procs_per_pod, name, node, None, reason, message, False, True, True, (0, "~", member))
 
 
 def _alive(pod: PodInfo) -> bool:
@@ -297,6 +326,8 @@ def node_losses(p: Pass) -> tuple[list[Failure], float]:
             continue
         if pod.joins is not None and pod.joins > (_int(event.get("round"), 0) or 0):
             continue  # a replacement created after that loss
+        if _takeover(p, member, _int(event.get("round"))) is not None:
+            continue  # a hot spare took its place: nothing to recreate
         waited = _waited(p, event.get("received"))
         if waited < NODE_LOST_WAIT_SECONDS:
             pending.append(NODE_LOST_WAIT_SECONDS - waited)
@@ -321,7 +352,8 @@ def _record_restarts(p: Pass, v: CoordinatorView) -> bool:
                      key=lambda e: int(e["next_round"]))
     for event in pending:
         member = _int(event.get("member"), 0) or 0
-        if event.get("reason") == REASON_MEMBER_LOST and _lost_pod(p, member, _int(event.get("round"))) is None:
+        if (event.get("reason") == REASON_MEMBER_LOST and _lost_pod(p, member, _int(event.get("round"))) is None
+                and _takeover(p, member, _int(event.get("round"))) is None):
             received = event.get("received")
             age = p.now.timestamp() - received if isinstance(received, (int, float)) else LOST_WAIT_SECONDS
             # A member that fell silent: its pod may yet say why (its node is taken as lost if not).
@@ -353,7 +385,9 @@ def _record_restarts(p: Pass, v: CoordinatorView) -> bool:
             why = "a disruption, not counted against maxRestarts"
         else:
             why = f"restart {counted + 1} of at most {p.spec.max_restarts}"
-        if f.lost:
+        if f.lost and _takeover(p, p.index_of_rank(f.rank), failed_round) is not None:
+            how = "every rank restarts in place with the spare in its place"
+        elif f.lost:
             how = (f"the other pods restart in place and wait for pod {f.pod} to be created again alone"
                    if p.index_of_rank(f.rank) != 0 else "restarting in place")
         else:
@@ -419,6 +453,9 @@ def replace_lost(p: Pass, found: list[Failure]) -> bool:
     for f in found:
         index = p.index_of_rank(f.rank)
         pod = current.get(index)
+        took = _takeover(p, index)
+        if index != 0 and took is not None and (_int(took.get("round"), -1) or 0) >= (v.round or 0) - 1:
+            continue  # a hot spare took its place (spares.tend adopts its pod)
         if index == 0 or f.permanent or f.reason in NODE_LOSS_REASONS:
             return False
         if pod is not None and (pod.phase in (PENDING, SUCCEEDED, "Unknown") and not pod.deleting):

@@ -108,6 +108,8 @@ class PodInfo:
             MONARCH_SPMD_RESTART_COUNT); None for a pod of the gang.
         agent_token: its attempt's proof of membership (the trainer's MONARCH_SPMD_AGENT_TOKEN):
             the observer's hello carries it, a replacement gets it; None when it has none.
+        spare: a hot spare's index (label ``spmd.monarch.dev/spare``, no rank label: ``rank`` is
+            -1); None for a pod of the gang (a spare that took a lost pod's place is one).
     """
 
     name: str
@@ -130,6 +132,7 @@ class PodInfo:
     replacement: int = 0
     joins: int | None = None
     agent_token: str | None = field(default=None, repr=False)
+    spare: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -158,9 +161,15 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo | None:
     """
     meta = body.get("metadata") or {}
     labels = meta.get("labels") or {}
+    spare: int | None = None
     try:
-        rank = int(labels[names.LABEL_RANK])
         restart = int(labels[names.LABEL_RESTART])
+        if names.LABEL_RANK not in labels and names.LABEL_SPARE in labels:
+            rank, spare = -1, int(labels[names.LABEL_SPARE])
+            if spare < 0:
+                return None
+        else:
+            rank = int(labels[names.LABEL_RANK])
     except (KeyError, TypeError, ValueError):
         return None
     status = body.get("status") or {}
@@ -203,7 +212,8 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo | None:
         agent_port=_agent_port(body.get("spec") or {}),
         replacement=max(0, replacement),
         joins=_joins(body.get("spec") or {}) if replacement > 0 else None,
-        agent_token=_env_value(body.get("spec") or {}, AGENT_TOKEN_VAR) if replacement == 0 else None,
+        agent_token=_env_value(body.get("spec") or {}, AGENT_TOKEN_VAR) if replacement == 0 and spare is None else None,
+        spare=spare,
     )
 
 
@@ -370,6 +380,9 @@ class CoordinatorView:
         lost: every ``lost`` event (a member's agent gone).
         final: the ``failed`` or ``succeeded`` event, once there is one.
         progress: the latest ``progress`` event (the stalest rank of the running round).
+        takeovers: every ``takeover`` event (a hot spare given a lost member's place).
+        spares_ready: hot spares connected and waiting, as the latest ``spare`` or ``takeover``
+            event said (None before any).
     """
 
     pod: str
@@ -386,6 +399,17 @@ class CoordinatorView:
     lost: tuple[Mapping[str, Any], ...] = ()
     final: Mapping[str, Any] | None = None
     progress: Mapping[str, Any] | None = None
+    takeovers: tuple[Mapping[str, Any], ...] = ()
+    spares_ready: int | None = None
+
+    def taken_over(self) -> dict[int, Mapping[str, Any]]:
+        """Each member whose place a spare took, with its latest ``takeover`` event."""
+        out: dict[int, Mapping[str, Any]] = {}
+        for event in self.takeovers:
+            member = event.get("member")
+            if isinstance(member, int) and not isinstance(member, bool):
+                out[member] = event
+        return out
 
     @property
     def heard(self) -> bool:
@@ -438,6 +462,7 @@ class Observed:
         coordinator: restart in place: what the operator heard from the coordinator of the
             current gang (its rank-0 pod's agent), or None when it never connected to it.
         now: the current time (timezone-aware).
+        spares: the job's hot spare pods still waiting (any attempt; ``pods`` has none of them).
     """
 
     job: names.JobRef
@@ -455,6 +480,7 @@ class Observed:
     unavailable: tuple[str, str] | None = None
     coordinator: CoordinatorView | None = None
     now: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc))
+    spares: tuple[PodInfo, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -497,6 +523,10 @@ class Plan:
         disruptions: MONARCH_SPMD_DISRUPTIONS of the pods created (status.disruptions).
         avoid_nodes: nodes the pods created must not be scheduled on (a node lost under the
             previous attempt, before the node controller marks it NotReady).
+        spares: indices of the hot spare pods to create in attempt ``spare_restart``.
+        spare_restart: the attempt those spares belong to.
+        adopt: ``(pod name, index, replacement)`` of each hot spare's pod that took the place of
+            pod ``index`` of the current gang: relabel it as that pod's replacement.
     """
 
     status: dict[str, Any] = field(default_factory=dict)
@@ -519,6 +549,9 @@ class Plan:
     replace_round: int = 0
     disruptions: int = 0
     avoid_nodes: tuple[str, ...] = ()
+    spares: tuple[int, ...] = ()
+    spare_restart: int = 0
+    adopt: tuple[tuple[str, int, int], ...] = ()
 
 
 def format_time(t: dt.datetime) -> str:

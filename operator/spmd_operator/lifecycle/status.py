@@ -195,6 +195,9 @@ class Pass:
         self.delete_job = False
         self.requeue: list[float] = []
         self.pods_lost = False
+        self.spares: list[int] = []
+        self.spare_restart = 0
+        self.adopt: list[tuple[str, int, int]] = []
         self._current: tuple[int, dict[int, PodInfo]] | None = None
 
     # --- views of the observed pods --------------------------------------------------------
@@ -357,7 +360,10 @@ class Pass:
             replace=tuple(dict.fromkeys(self.replace)),
             replace_round=self.replace_round,
             disruptions=int(self.new.get("disruptions") or 0),
-            avoid_nodes=self.avoid_nodes() if self.create or self.replace else (),
+            avoid_nodes=self.avoid_nodes() if self.create or self.replace or self.spares else (),
+            spares=tuple(dict.fromkeys(self.spares)),
+            spare_restart=self.spare_restart,
+            adopt=tuple(dict.fromkeys(self.adopt)),
         )
 
     def avoid_nodes(self) -> tuple[str, ...]:

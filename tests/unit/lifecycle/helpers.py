@@ -52,14 +52,15 @@ def status(phase, restarts=0, **kw):
 
 
 def run(s=None, st=None, pods=(), now=NOW, generation=1, services=None, configmap=lifecycle.CONFIGMAP_CURRENT,
-        rejection=None, gone=(), podgroups=(), workload=None, outdated=(), coordinator=None):
+        rejection=None, gone=(), podgroups=(), workload=None, outdated=(), coordinator=None, spares=()):
     """One pass. By default the current attempt's Service exists and the ConfigMap is current."""
     st = st or {}
     if services is None:
         services = [service(int(st.get("gangRestart", st.get("restarts")) or 0))] if st else []
     o = Observed(job=JOB, generation=generation, spec=s or spec(), status=st, pods=tuple(pods), gone=tuple(gone),
                  services=tuple(services), configmap=configmap, rejection=rejection, now=now,
-                 podgroups=tuple(podgroups), workload=workload, outdated=tuple(outdated), coordinator=coordinator)
+                 podgroups=tuple(podgroups), workload=workload, outdated=tuple(outdated), coordinator=coordinator,
+                 spares=tuple(spares))
     return lifecycle.reconcile(o)
 
 

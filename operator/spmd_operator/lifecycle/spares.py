@@ -1,0 +1,74 @@
+"""Hot spares (spec.spares): created with the gang, adopted when they take a lost pod's place.
+
+Where it sits: a policy of :mod:`spmd_operator.lifecycle`, run last in every pass of a valid job
+(:func:`tend`), beside :mod:`.inplace`, whose view of the coordinator it reads. Pure, like every
+policy. docs/restart-in-place.md ("Hot spares") says what the agents do; the operator's part:
+
+* **Created with the gang.** When the pods of an attempt are created (or while its gang runs with
+  fewer spares waiting than spec.spares), spare pods ``<job>-<id>-r<attempt>-s<k>`` are created
+  too, each with an index never used before in that attempt.
+* **Adopted when they take a place.** The coordinator's ``takeover`` event (member m, spare k)
+  makes spare k's pod member m's newest replacement: relabelled with m's rank, coordinates and
+  replacement number, it is member m's pod for everything that reads pods (status, logs, the
+  next lost pod). :mod:`.inplace` neither replaces member m alone nor recreates the gang for its
+  lost node, and counts the restart as a disruption.
+* **Gone with their attempt.** A spare of another attempt, or of a job no longer active, is
+  deleted (its worker exits 0 by itself once its coordinator is gone).
+* **Status.** ``status.spares``: ``ready`` (the coordinator's count of spares waiting) and
+  ``used`` (places taken in the current attempt).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from monarch_spmd.spec import JobSpec
+
+from .model import PENDING, RESTARTING, RUNNING
+from .status import Pass
+
+_SPARE_NAME: Final = re.compile(r"-s(\d+)$")
+
+
+def tend(p: Pass) -> None:
+    """Creates, adopts and deletes the job's hot spares (see the module's text)."""
+    from . import inplace  # noqa: PLC0415 - inplace reads this module's decisions
+
+    o = p.o
+    valid = isinstance(o.spec, JobSpec)
+    phase = p.new.get("phase")
+    active = valid and phase in (PENDING, RUNNING, RESTARTING) and p.in_place and p.spec.spares > 0
+    gang = p.create_restart if p.create and p.create_restart is not None else p.new_gang()
+    for spare in o.spares:
+        if not spare.finished and not spare.deleting and (not active or spare.restart != gang):
+            p.delete_pods.append(spare.name)
+    if not active:
+        if valid and p.spec.spares > 0 and "spares" in p.new and phase not in (PENDING, RUNNING, RESTARTING):
+            p.new["spares"] = {**p.new["spares"], "ready": 0}
+        return
+    v = inplace.view(p) if gang == p.gang else None
+    taken = v.taken_over() if v is not None else {}
+    waiting = {s.spare: s for s in o.spares if s.restart == gang and s.spare is not None and not s.deleting}
+    used = set(waiting)
+    for member, event in taken.items():
+        spare = event.get("spare")
+        if not isinstance(spare, int) or isinstance(spare, bool):
+            continue
+        used.add(spare)
+        pod = waiting.pop(spare, None)
+        if pod is not None and 0 < member < p.pods_per_attempt:
+            p.adopt.append((pod.name, member, p.next_replacement(member)))
+    for pod in (*o.pods, *o.gone):
+        found = _SPARE_NAME.search(pod.name) if pod.restart == gang else None
+        if found:
+            used.add(int(found.group(1)))  # an adopted spare's name stays its own
+    p.new["spares"] = {"ready": v.spares_ready if v is not None and v.spares_ready is not None else 0,
+                       "used": len(taken)}
+    if not p.create and not any(pod.restart == gang for pod in o.pods):
+        return  # the attempt's pods are not there yet: its spares come with them
+    missing = p.spec.spares - sum(1 for s in waiting.values() if not s.finished)
+    if missing > 0:
+        first = max(used, default=-1) + 1
+        p.spares.extend(range(first, first + missing))
+        p.spare_restart = gang
