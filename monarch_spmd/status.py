@@ -51,7 +51,8 @@ from dataclasses import dataclass
 from typing import IO, Any, Final
 
 from . import kubeconfig as kubeconfig_rule
-from .payload.names import GROUP, KIND, LABEL_JOB_UID, LABEL_PROCS, LABEL_RANK, LABEL_RESTART, PER_HOST, PLURAL, VERSION
+from .payload.names import (GROUP, KIND, LABEL_JOB_UID, LABEL_PREFIX, LABEL_PROCS, LABEL_RANK, LABEL_RESTART, PER_HOST,
+                            PLURAL, VERSION)
 from .payload.names import TRAINER_CONTAINER
 
 _PROG: Final = "monarch-spmd status"
@@ -444,7 +445,9 @@ def rank_rows(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> list
     for pod in pods:
         first = _label_int(pod, LABEL_RANK)
         if first is not None and owned_by(pod, meta.get("uid")) and _label_int(pod, LABEL_RESTART) == attempt:
-            by_first[first] = pod
+            # Of a pod and its replacements (created alone, or a hot spare adopted), the newest.
+            if first not in by_first or _replacement(pod) >= _replacement(by_first[first]):
+                by_first[first] = pod
     root = failure.get("rank") if failure.get("restart", attempt) == attempt else None
     rows = [row for first in range(0, layout.procs, layout.per_pod)
             for row in _pod_rows(by_first.get(first), first, layout)]
@@ -457,6 +460,11 @@ def rank_rows(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> list
         rows = [dataclasses.replace(r, code=None, exit="stopped", reason=f"by its worker after rank {root} failed")
                 if r.rank != root and r.pod != failed_pod and r.code == code else r for r in rows]
     return [_as_root(r, failure) if r.rank == root else r for r in rows]
+
+
+def _replacement(pod: Mapping[str, Any]) -> int:
+    """A pod's ``spmd.monarch.dev/replacement`` label (0 for a pod of the gang)."""
+    return _label_int(pod, LABEL_PREFIX + "replacement") or 0
 
 
 def _termination_message(pod: Mapping[str, Any]) -> str:

@@ -430,3 +430,16 @@ def test_describe_shows_a_refusal_of_the_api_server():
                      "(403); retried with back-off")
     assert lines[at + 1] == '  violates Pod Security "restricted:latest": allowPrivilegeEscalation != false'
     assert not any(line.startswith("Refused:") for line in status.describe(RUNNING, [], NOW).splitlines())
+
+
+def test_a_ranks_row_shows_its_newest_pod_whatever_the_listing_order():
+    """A pod created alone in place of a lost one, or a hot spare adopted as its replacement,
+    stands for its rank however the API server lists the two."""
+    lost = trainer_pod("gpt-1a2b3-r1-2", 2, 1, code=143, reason="Error")
+    spare = trainer_pod("gpt-1a2b3-r1-s0", 2, 1, running=True)
+    spare["metadata"]["labels"]["spmd.monarch.dev/replacement"] = "1"
+    for pods in ([lost, spare], [spare, lost]):
+        body = failed_job()
+        body["status"]["failure"] = {"rank": 0, "pod": "gpt-1a2b3-r1-0", "exitCode": 1, "reason": "Error", "restart": 1}
+        row = next(r for r in status.rank_rows(body, pods) if r.rank == 2)
+        assert (row.pod, row.exit) == ("gpt-1a2b3-r1-s0", "running")
