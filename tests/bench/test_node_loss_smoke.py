@@ -30,6 +30,11 @@ def test_every_job_runs_the_node_loss_test_s_training_loop_on_the_real_nodes():
     inplace, recreate = node_loss.spmd_objects("InPlace")[1], node_loss.spmd_objects("RecreatePods")[1]
     assert inplace["spec"]["restartPolicy"] == {"maxRestarts": 0}
     assert recreate["spec"]["restartPolicy"] == {"maxRestarts": 1, "mode": "RecreatePods"}
+    spared = node_loss.spare_objects()[1]
+    assert spared["spec"]["spares"] == 1 and spared["spec"]["restartPolicy"] == {"maxRestarts": 0}
+    keep_off = spared["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    assert keep_off["requiredDuringSchedulingIgnoredDuringExecution"][0]["labelSelector"]["matchLabels"][
+        "spmd.monarch.dev/rank"] == "1", "rank 0 and the spare keep off rank 1's node"
     jobset = node_loss.jobset_objects()[1]
     env = {e["name"]: e for e in jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
            ["containers"][0]["env"]}

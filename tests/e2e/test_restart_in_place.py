@@ -333,3 +333,42 @@ def test_a_hung_gang_fails_naming_the_rank_that_hangs_it_with_every_ranks_stack_
     rates = {kind: f"{HANG_RUNS - len(m)}/{HANG_RUNS}" for kind, m in misses.items()}
     print(f"rank 1 named on the cluster: {rates} in {time.monotonic() - began:.0f}s")
     assert all(HANG_RUNS - len(m) >= needed for m in misses.values()), (rates, misses)
+
+
+def test_a_hot_spare_takes_a_lost_pods_place_at_once_uncounted_and_a_new_spare_follows(running_operator, namespace):
+    """spec.spares 1, maxRestarts 0: pod 2 is deleted mid-training; the spare's pod takes its place
+    (no pod created for it, no restart counted), is labelled pod 2's replacement, trains rank 2
+    to the end, and a new spare is created; the gang's other pods keep their uids."""
+    c = running_operator
+    m = manifest("spared", 3, "--steps", "40", "--step-seconds", "0.25", maxRestarts=0)
+    m["spec"]["spares"] = 1
+    apply(c, namespace, m)
+    job = wait_phase(c, namespace, "spared", "Running", timeout=180)
+    ref = job_ref(job)
+    spare0, spare1 = names.spare_pod_name(ref, 0, 0), names.spare_pod_name(ref, 0, 1)
+    wait_job(c, namespace, "spared", lambda j: (j["status"].get("spares") or {}).get("ready") == 1, timeout=120,
+             what="the spare ready at the coordinator")
+    before = uids(c, namespace, "spared")
+    assert spare0 in before and len(before) == 4, before
+    lost = names.pod_name(ref, 0, 2)
+    wait_until(lambda: "step 2 restart 0" in c.pod_log(namespace, lost), 60, "the gang training")
+    c.kubectl("delete", "pod", lost, "-n", namespace, "--wait=false")
+    job = wait_job(c, namespace, "spared", lambda j: j["status"].get("restarts") == 1 and j["status"]["phase"] == "Running",
+                   timeout=120, what="restart 1 in place with the spare, Running again")
+    status = job["status"]
+    assert (status["disruptions"], status.get("gangRestart"), status["spares"]["used"]) == (1, 0, 1), status
+    failure = status["failure"]
+    assert (failure["pod"], failure["rank"], failure["disruption"]) == (lost, 2, True), failure
+    assert f"hot spare pod {spare0} took its place" in failure["message"], failure
+    pods = {p.metadata.name: p for p in job_pods(c, namespace, "spared")}
+    adopted = pods[spare0].metadata.labels
+    assert (adopted.get(names.LABEL_RANK), adopted.get(names.LABEL_REPLACEMENT)) == ("2", "1"), adopted
+    assert names.LABEL_SPARE not in adopted
+    assert names.pod_name(ref, 0, 2, 1) not in pods, "no pod created alone for rank 2: the spare is it"
+    wait_until(lambda: spare1 in uids(c, namespace, "spared"), 60, "a new spare")
+    now = uids(c, namespace, "spared")
+    assert {n: now[n] for n in before if n != lost} == {n: u for n, u in before.items() if n != lost}
+    job = wait_phase(c, namespace, "spared", "Succeeded", timeout=180)
+    log = c.pod_log(namespace, spare0)
+    assert "hot spare 0 takes the place of member 2" in log and "train_steps rank 2 done restart 1" in log, log[-2000:]
+    assert job["status"]["restarts"] == 1 and job["status"]["disruptions"] == 1
