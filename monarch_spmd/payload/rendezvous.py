@@ -581,7 +581,7 @@ class Coordinator:
                 "world_size": self.world_size, "first_round": self.first_round, "round": self.round,
                 "phase": self.phase, "max_restarts": self.policy.max_restarts, "disruptions": self.disruptions,
                 "time": self.wall(), "seq": self.seq, "history": list(self.history),
-                "history_dropped": self.history_dropped}
+                "history_dropped": self.history_dropped, "spares": len(self.spares)}
 
     def start(self) -> list[Out]:
         """The first round's ``round`` event (call once). The first round has no deadline: its

@@ -188,6 +188,10 @@ class Observer:
         """Takes up the coordinator's own account again: its state now and what its history
         holds that was missed."""
         self._take(message)
+        ready = message.get("spares")
+        if isinstance(ready, int) and not isinstance(ready, bool) and ready >= 0:
+            self.spares_ready = ready  # spares that said hello before this connection
+            self._view = None
         self.connected, self.error = True, None
         self.dark_since = None
         if self.warned is not None:

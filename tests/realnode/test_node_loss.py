@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.realnode.conftest import (JOB_LABEL, OPERATOR_NAMESPACE, STOCK_IMAGE, JobWatch, apply, get_job,
+from tests.realnode.conftest import (JOB_LABEL, OPERATOR_NAMESPACE, STOCK_IMAGE, JobWatch, apply, get_job, job_pods,
                                      operator_pod, spmdjob, wait_until)
 
 pytestmark = pytest.mark.cluster
@@ -84,8 +84,83 @@ def test_a_frozen_node_under_a_max_restarts_0_job_is_a_disruption_and_training_g
     assert back < 60, f"Running again {back:.1f}s after the freeze"
 
 
-def _diagnose(cluster, namespace: str) -> str:
-    job = get_job(cluster, namespace, "frozen")
+def test_a_frozen_node_under_a_job_with_a_hot_spare_is_taken_over_in_place_in_seconds(real_cluster, real_namespace):
+    """spec.spares 1, maxRestarts 0, two real nodes: rank 1's node is frozen while the spare waits
+    on the other. The spare takes rank 1's place: the same gang (gangRestart 0, rank 0's pod kept),
+    every rank training again with TORCHELASTIC_RESTART_COUNT 1, the restart a disruption, the
+    spare's pod labelled rank 1's replacement."""
+    operator_node = operator_pod(real_cluster).spec.node_name
+    # Rank 0 and the spare keep off rank 1's node (a required anti-affinity on its rank label); the
+    # operator's node must not be the one frozen, so a job whose rank 1 landed there is made again.
+    keep_off_one = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+        "topologyKey": "kubernetes.io/hostname",
+        "labelSelector": {"matchLabels": {JOB_LABEL: "spared", "spmd.monarch.dev/rank": "1"}}}]}}
+    placed = None
+    for _ in range(8):
+        job, extra = spmdjob("spared", 2, ["/opt/train/train.py"], STOCK_IMAGE, script=TRAIN, spares=1,
+                             restartPolicy={"maxRestarts": 0}, rendezvousTimeoutSeconds=120,
+                             trainer={"env": [{"name": "STEPS", "value": "4000"}]})
+        job["spec"]["template"]["spec"].update(affinity=keep_off_one, terminationGracePeriodSeconds=5)
+        apply(real_cluster, real_namespace, *extra, job)
+        placed = wait_until(lambda: _spare_placed(real_cluster, real_namespace), 240,
+                            "rank 0 and a ready spare on one node, rank 1 on the other",
+                            diagnose=lambda: _diagnose(real_cluster, real_namespace, "spared"))
+        if placed[0]["node"] == operator_node:
+            break
+        real_cluster.kubectl("delete", "spmdjob", "spared", "-n", real_namespace, "--wait=true", timeout=120)
+        wait_until(lambda: not job_pods(real_cluster, real_namespace, "spared"), 120, "the job's pods gone")
+    assert placed is not None and placed[0]["node"] == operator_node, "rank 1 kept landing on the operator's node"
+    zero, one, spare = placed
+    wait_until(lambda: _steps(real_cluster, real_namespace, [zero["name"], one["name"]], attempt=0), 120,
+               "both ranks training")
+    lost = real_cluster.real.names.index(one["node"])
+    frozen_at = time.monotonic()
+    real_cluster.real.freeze(lost)
+    try:
+        running = wait_until(lambda: (j := get_job(real_cluster, real_namespace, "spared"))["status"].get("restarts")
+                             == 1 and j["status"]["phase"] == "Running" and j, 120, "Running again with the spare",
+                             diagnose=lambda: _diagnose(real_cluster, real_namespace, "spared"))
+        back = time.monotonic() - frozen_at
+        wait_until(lambda: _steps(real_cluster, real_namespace, [zero["name"], spare["name"]], attempt=1), 120,
+                   "both ranks training again", diagnose=lambda: _diagnose(real_cluster, real_namespace, "spared"))
+        training = time.monotonic() - frozen_at
+    finally:
+        real_cluster.real.thaw(lost)
+    status = running["status"]
+    assert (status.get("gangRestart"), status.get("disruptions"), status["spares"]["used"]) == (0, 1, 1), status
+    assert (status["failure"]["pod"], status["failure"]["disruption"]) == (one["name"], True), status["failure"]
+    labels = {p.metadata.name: p.metadata.labels for p in job_pods(real_cluster, real_namespace, "spared")}
+    assert labels[spare["name"]].get("spmd.monarch.dev/rank") == "1", labels
+    print(f"\nnode loss with a hot spare: Running again {back:.1f}s, every rank training again {training:.1f}s "
+          "after the freeze")
+    assert training < 60, f"training again {training:.1f}s after the freeze"
+
+
+def _spare_placed(cluster, namespace: str) -> tuple[dict, dict, dict] | None:
+    """(rank 0's, rank 1's and the spare's pod) once all three run and the spare is ready."""
+    pods = [p for p in job_pods(cluster, namespace, "spared") if not p.metadata.deletion_timestamp]
+    info = [{"name": p.metadata.name, "node": p.spec.node_name, "labels": p.metadata.labels or {},
+             "phase": p.status.phase} for p in pods]
+    zero = next((p for p in info if p["labels"].get("spmd.monarch.dev/rank") == "0"), None)
+    one = next((p for p in info if p["labels"].get("spmd.monarch.dev/rank") == "1"), None)
+    spare = next((p for p in info if "spmd.monarch.dev/spare" in p["labels"]), None)
+    if zero is None or one is None or spare is None or any(p["phase"] != "Running" for p in (zero, one, spare)):
+        return None
+    ready = (get_job(cluster, namespace, "spared")["status"].get("spares") or {}).get("ready")
+    return (zero, one, spare) if ready else None
+
+
+def _steps(cluster, namespace: str, names: list[str], attempt: int) -> bool:
+    """Every named pod's log shows a training step of ``attempt`` (TORCHELASTIC_RESTART_COUNT)."""
+    for name in names:
+        log = cluster.kubectl("logs", "-n", namespace, name, check=False).stdout
+        if not re.search(rf"attempt {attempt} step \d+ sum", log):
+            return False
+    return True
+
+
+def _diagnose(cluster, namespace: str, name: str = "frozen") -> str:
+    job = get_job(cluster, namespace, name)
     pods = cluster.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
     log = cluster.kubectl("logs", "-n", OPERATOR_NAMESPACE, operator_pod(cluster).metadata.name, "--tail=80",
                           check=False, timeout=20)

@@ -287,6 +287,19 @@ def test_an_observers_memory_is_bounded_over_a_month_of_events():
     assert o.view().restarts[-1]["next_round"] == r and o.view().round_started(r), "the newest are kept"
 
 
+def test_spares_ready_come_from_the_welcome_and_then_from_each_spare_and_takeover_event():
+    """A spare that said hello before the operator connected is counted from the welcome (its
+    ``spare`` event is not in the history); later events move the count; takeovers are kept."""
+    o = observer.Observer(("pod-0", "uid-0"), "127.0.0.1", 1, lambda: None, run_id=JOB.uid)
+    o._welcome({"type": "welcome", "run_id": JOB.uid, "round": 0, "phase": "running", "seq": 0, "history": [],
+                "spares": 2})
+    assert o.view().spares_ready == 2
+    o._apply({"type": "takeover", "seq": 1, "round": 0, "member": 1, "spare": 0, "ready": 1}, 1.0)
+    o._apply({"type": "spare", "seq": 2, "round": 1, "spare": 2, "state": "ready", "ready": 2}, 2.0)
+    view = o.view()
+    assert view.spares_ready == 2 and view.taken_over() == {1: view.takeovers[0]}
+
+
 # --- the controller --------------------------------------------------------------------------------
 
 
