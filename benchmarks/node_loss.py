@@ -131,16 +131,14 @@ def spmd_objects(mode: str) -> list[dict[str, Any]]:
 
 
 def spare_objects() -> list[dict[str, Any]]:
-    """The test's SPMDJob with one hot spare (tests/realnode/test_node_loss.py): rank 0 and the
-    spare keep off rank 1's node (a required anti-affinity on its rank label)."""
-    from tests.realnode.conftest import JOB_LABEL
+    """The test's SPMDJob with one hot spare (tests/realnode/test_node_loss.py): the ranks spread
+    over the two nodes; the spare goes anywhere (placed_ok moves it beside rank 0)."""
+    from tests.realnode.test_node_loss import SPREAD_RANKS
 
     objects = spmd_objects("InPlace")
     job = objects[-1]
     job["spec"]["spares"] = 1
-    job["spec"]["template"]["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
-        "topologyKey": "kubernetes.io/hostname",
-        "labelSelector": {"matchLabels": {JOB_LABEL: NAME, "spmd.monarch.dev/rank": "1"}}}]}}
+    job["spec"]["template"]["spec"]["affinity"] = SPREAD_RANKS(NAME)
     return objects
 
 
@@ -368,12 +366,16 @@ class Spare(SpmdSystem):
         return spare_objects()
 
     def placed_ok(self, pods: list[Any], lost_node: str) -> bool:
-        ranks = {p.metadata.name: (self.rank(p), p.spec.node_name) for p in pods
-                 if p.status.phase == "Running" and not p.metadata.deletion_timestamp}
-        lost = [r for r, node in ranks.values() if node == lost_node]
-        spare = [node for r, node in ranks.values() if r == -1]
-        ready = ((self.job().get("status") or {}).get("spares") or {}).get("ready")
-        return lost == [1] and bool(spare) and spare[0] != lost_node and bool(ready)
+        """Rank 1 on the node to freeze and a ready spare beside rank 0 (one beside rank 1 is
+        deleted, and the operator makes another, until one lands there: at most 2 minutes)."""
+        from tests.realnode.test_node_loss import _spare_placed
+
+        try:
+            zero, one, _ = wait_for(lambda: _spare_placed(self.cluster, self.namespace, NAME), 120,
+                                    "a ready spare beside rank 0", interval=POLL)
+        except TimeoutError:
+            return False
+        return one["node"] == lost_node
 
     def describe(self, job: dict[str, Any]) -> str:
         spares = (job.get("status") or {}).get("spares") or {}

@@ -21,7 +21,7 @@ CRD_NAME = "spmdjobs.spmd.monarch.dev"
 NAMESPACED_RULES = [
     {"apiGroups": ["spmd.monarch.dev"], "resources": ["spmdjobs"], "verbs": ["get", "list", "watch", "delete"]},
     {"apiGroups": ["spmd.monarch.dev"], "resources": ["spmdjobs/status"], "verbs": ["patch"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete", "patch"]},
     {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch", "create", "delete"]},
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "delete"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},

@@ -90,20 +90,18 @@ def test_a_frozen_node_under_a_job_with_a_hot_spare_is_taken_over_in_place_in_se
     every rank training again with TORCHELASTIC_RESTART_COUNT 1, the restart a disruption, the
     spare's pod labelled rank 1's replacement."""
     operator_node = operator_pod(real_cluster).spec.node_name
-    # Rank 0 and the spare keep off rank 1's node (a required anti-affinity on its rank label); the
-    # operator's node must not be the one frozen, so a job whose rank 1 landed there is made again.
-    keep_off_one = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
-        "topologyKey": "kubernetes.io/hostname",
-        "labelSelector": {"matchLabels": {JOB_LABEL: "spared", "spmd.monarch.dev/rank": "1"}}}]}}
+    # The ranks spread over the two nodes (a preferred anti-affinity between ranked pods). The
+    # operator's node must keep rank 0 (it is not the one frozen): a job whose rank 1 landed there
+    # is made again; a spare that landed beside rank 1 is deleted, and the operator makes another.
     placed = None
     for _ in range(8):
         job, extra = spmdjob("spared", 2, ["/opt/train/train.py"], STOCK_IMAGE, script=TRAIN, spares=1,
                              restartPolicy={"maxRestarts": 0}, rendezvousTimeoutSeconds=120,
                              trainer={"env": [{"name": "STEPS", "value": "4000"}]})
-        job["spec"]["template"]["spec"].update(affinity=keep_off_one, terminationGracePeriodSeconds=5)
+        job["spec"]["template"]["spec"].update(affinity=SPREAD_RANKS("spared"), terminationGracePeriodSeconds=5)
         apply(real_cluster, real_namespace, *extra, job)
         placed = wait_until(lambda: _spare_placed(real_cluster, real_namespace), 240,
-                            "rank 0 and a ready spare on one node, rank 1 on the other",
+                            "rank 0 with a ready spare on one node, rank 1 on the other",
                             diagnose=lambda: _diagnose(real_cluster, real_namespace, "spared"))
         if placed[0]["node"] == operator_node:
             break
@@ -129,25 +127,46 @@ def test_a_frozen_node_under_a_job_with_a_hot_spare_is_taken_over_in_place_in_se
     status = running["status"]
     assert (status.get("gangRestart"), status.get("disruptions"), status["spares"]["used"]) == (0, 1, 1), status
     assert (status["failure"]["pod"], status["failure"]["disruption"]) == (one["name"], True), status["failure"]
-    labels = {p.metadata.name: p.metadata.labels for p in job_pods(real_cluster, real_namespace, "spared")}
-    assert labels[spare["name"]].get("spmd.monarch.dev/rank") == "1", labels
+    wait_until(lambda: ({p.metadata.name: p.metadata.labels for p in job_pods(real_cluster, real_namespace, "spared")}
+                        .get(spare["name"]) or {}).get("spmd.monarch.dev/rank") == "1", 60,
+               "the spare's pod relabelled as rank 1's",
+               diagnose=lambda: _diagnose(real_cluster, real_namespace, "spared"))
     print(f"\nnode loss with a hot spare: Running again {back:.1f}s, every rank training again {training:.1f}s "
           "after the freeze")
     assert training < 60, f"training again {training:.1f}s after the freeze"
 
 
-def _spare_placed(cluster, namespace: str) -> tuple[dict, dict, dict] | None:
-    """(rank 0's, rank 1's and the spare's pod) once all three run and the spare is ready."""
-    pods = [p for p in job_pods(cluster, namespace, "spared") if not p.metadata.deletion_timestamp]
+def SPREAD_RANKS(name: str) -> dict:  # noqa: N802 - a constant's shape, made per job
+    """The job's ranked pods spread over the nodes (a preferred anti-affinity, weight 100), and every
+    pod leans towards rank 0's node (a preferred affinity, weight 50): rank 1 goes to the other
+    node, a spare made once both ranks run goes beside rank 0. A spare has no rank label."""
+    ranked = {"matchLabels": {JOB_LABEL: name}, "matchExpressions": [{"key": "spmd.monarch.dev/rank",
+                                                                       "operator": "Exists"}]}
+    zero = {"matchLabels": {JOB_LABEL: name, "spmd.monarch.dev/rank": "0"}}
+    host = "kubernetes.io/hostname"
+    return {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                "weight": 100, "podAffinityTerm": {"topologyKey": host, "labelSelector": ranked}}]},
+            "podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                "weight": 50, "podAffinityTerm": {"topologyKey": host, "labelSelector": zero}}]}}
+
+
+def _spare_placed(cluster, namespace: str, name: str = "spared") -> tuple[dict, dict, dict] | None:
+    """(rank 0's, rank 1's and a ready spare's pod) once the ranks run on two nodes and a spare on
+    rank 0's; a spare beside rank 1 is deleted (the operator makes another)."""
+    pods = [p for p in job_pods(cluster, namespace, name) if not p.metadata.deletion_timestamp]
     info = [{"name": p.metadata.name, "node": p.spec.node_name, "labels": p.metadata.labels or {},
              "phase": p.status.phase} for p in pods]
     zero = next((p for p in info if p["labels"].get("spmd.monarch.dev/rank") == "0"), None)
     one = next((p for p in info if p["labels"].get("spmd.monarch.dev/rank") == "1"), None)
-    spare = next((p for p in info if "spmd.monarch.dev/spare" in p["labels"]), None)
-    if zero is None or one is None or spare is None or any(p["phase"] != "Running" for p in (zero, one, spare)):
+    spares = [p for p in info if "spmd.monarch.dev/spare" in p["labels"] and p["phase"] == "Running"]
+    if zero is None or one is None or any(p["phase"] != "Running" for p in (zero, one)) or zero["node"] == one["node"]:
         return None
-    ready = (get_job(cluster, namespace, "spared")["status"].get("spares") or {}).get("ready")
-    return (zero, one, spare) if ready else None
+    for p in spares:
+        if p["node"] == one["node"]:
+            cluster.kubectl("delete", "pod", p["name"], "-n", namespace, "--wait=false", check=False)
+    good = [p for p in spares if p["node"] == zero["node"]]
+    ready = (get_job(cluster, namespace, name)["status"].get("spares") or {}).get("ready")
+    return (zero, one, good[0]) if good and ready else None
 
 
 def _steps(cluster, namespace: str, names: list[str], attempt: int) -> bool:
