@@ -603,7 +603,7 @@ def run_group(lc: Any, names: list[str], run: int, cap: float, log: Any) -> list
         placed = {}
         for s in systems:
             pods = [p for p in training[s.name] if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
-            placed[s.name] = {p.spec.node_name: s.rank(p) for p in pods}
+            placed[s.name] = {p.spec.node_name: s.rank(p) for p in sorted(pods, key=s.rank)}  # a rank over a spare
         if all(len(p) == 2 for p in placed.values()) and all(s.placed_ok(training[s.name], lost_node) for s in systems):
             break
         log(f"  run {run}: pods not spread over both nodes as needed ({placed}); again")
