@@ -38,8 +38,10 @@ def manifest(*argv: str) -> dict:
 
 def dry_run(cluster, namespace: str, objects: list[dict]) -> subprocess.CompletedProcess:
     body = yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": objects})
-    return cluster.kubectl("apply", "--dry-run=server", "--validate=strict", "-n", namespace, "-o", "json", "-f", "-",
-                           input=body, check=False)
+    # Server-side: the payload ConfigMap is over the 256 KiB a client-side apply's
+    # last-applied-configuration annotation may hold (the operator creates it, and never applies it).
+    return cluster.kubectl("apply", "--server-side", "--dry-run=server", "--validate=strict", "-n", namespace, "-o",
+                           "json", "-f", "-", input=body, check=False)
 
 
 def children(doc: dict, namespace: str) -> list[dict]:
