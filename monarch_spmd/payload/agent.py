@@ -1145,7 +1145,7 @@ class Agent:
         watchdog timer as ranks without a stack."""
         assert self.link is not None
         detail = self.s.output_in_failures
-        procs = {**{p: text for p, text in self.exempted.items()}, **said}
+        procs = {**self.exempted, **said}
         budget = max(0, (rendezvous.MAX_MEMBER_LINE // 2) // max(1, len(procs)))
         rows = []
         for p in sorted(procs, key=lambda p: p.member.rank):

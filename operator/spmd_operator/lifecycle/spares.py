@@ -25,6 +25,7 @@ from typing import Final
 
 from monarch_spmd.spec import JobSpec
 
+from . import inplace
 from .model import PENDING, RESTARTING, RUNNING
 from .status import Pass
 
@@ -33,8 +34,6 @@ _SPARE_NAME: Final = re.compile(r"-s(\d+)$")
 
 def tend(p: Pass) -> None:
     """Creates, adopts and deletes the job's hot spares (see the module's text)."""
-    from . import inplace  # noqa: PLC0415 - inplace reads this module's decisions
-
     o = p.o
     valid = isinstance(o.spec, JobSpec)
     phase = p.new.get("phase")
