@@ -293,6 +293,7 @@ def _run_torchrun(parser: argparse.ArgumentParser, opts: argparse.Namespace, lau
         local_rank_scope=opts.local_rank_scope,
         role_name=opts.role_name or plan.role,
         pod_layout=opts.pod_layout or names.PER_HOST,
+        min_nodes=plan.min_nodes,
     )
     grace = opts.grace_period if opts.grace_period is not None else plan.grace_period
     logs = None

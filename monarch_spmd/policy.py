@@ -178,6 +178,8 @@ def in_place_inputs(spec: JobSpec, disruptions: int = 0) -> dict[str, Any]:
         max_backoff=float(spec.max_backoff_seconds),
         backoff_reset=float(spec.backoff_reset_seconds),
         join_timeout=float(spec.join_timeout_seconds),
+        min_members=spec.min_members,
+        elastic_wait=float(spec.elastic_wait_seconds) if spec.min_members else None,
         progress_timeout=float(spec.progress_timeout_seconds) if spec.progress_timeout_seconds else None,
         stop_grace=stop_grace(spec),
     )

@@ -114,6 +114,7 @@ LOCAL_FIELDS: Final[Mapping[str, tuple[str, str]]] = {
     "restartPolicy.maxBackoffSeconds": (HONOURED, ""),
     "restartPolicy.backoffResetSeconds": (HONOURED, ""),
     "restartPolicy.joinTimeoutSeconds": (HONOURED, ""),
+    "restartPolicy.elasticWaitSeconds": (HONOURED, ""),
     "spares": (NOTED, "no spare workers are started locally: a worker that dies is replaced alone"),
     "failureOutput": (NOTED, "every rank's output is on this terminal"),
     "rendezvousTimeoutSeconds": (HONOURED, ""),
@@ -353,6 +354,7 @@ def job_from_args(
     local_rank_scope: str | None = None,
     role_name: str | None = None,
     pod_layout: str | None = None,
+    min_nodes: int | None = None,
 ) -> LocalJob:
     """A :class:`LocalJob` from the CLI's pieces: a manifest and/or ``--mesh``, argv, overrides.
 
@@ -373,6 +375,8 @@ def job_from_args(
     body = dict(doc.get("spec") or {}) if isinstance(doc.get("spec"), Mapping) else {}
     if mesh:
         body["mesh"] = [{"name": n, "size": s} for n, s in contract.parse_mesh(mesh)]
+    if min_nodes is not None and body.get("mesh"):
+        body["mesh"] = [{**body["mesh"][0], "minSize": min_nodes}, *body["mesh"][1:]]  # torchrun's --nnodes MIN:MAX
     if args:
         body["args"] = list(args[1:] if args[0] == "--" else args)
     if master_port is not None:
@@ -464,6 +468,8 @@ def _member(plan: _Plan, index: int, restart: int, disruptions: int = 0) -> gang
                                "join_timeout": float(s.join_timeout_seconds)}
     if plan.member_failure_limit is not None:
         backoff["member_failure_limit"] = plan.member_failure_limit
+    if s.min_members:
+        backoff.update(min_members=s.min_members, elastic_wait=float(s.elastic_wait_seconds))
     logs = {}
     if plan.logs is not None:
         logs = {"log_dir": plan.logs.log_dir, "redirects": plan.logs.redirects, "tee": plan.logs.tee}

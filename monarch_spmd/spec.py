@@ -139,6 +139,8 @@ DEFAULT_BACKOFF_SECONDS: Final = 10
 DEFAULT_MAX_BACKOFF_SECONDS: Final = 300
 DEFAULT_BACKOFF_RESET_SECONDS: Final = 300
 DEFAULT_JOIN_TIMEOUT_SECONDS: Final = 120
+#: An elastic job's round, once mesh[0].minSize pods joined, waits this long for the others.
+DEFAULT_ELASTIC_WAIT_SECONDS: Final = 10
 MAX_BACKOFF_LIMIT: Final = 86400
 MAX_JOIN_TIMEOUT: Final = 86400
 MAX_PROGRESS_TIMEOUT: Final = 7 * 86400
@@ -253,6 +255,7 @@ class MeshDim:
 
     name: str
     size: int
+    min_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -286,6 +289,8 @@ class JobSpec:
         backoff_seconds, max_backoff_seconds, backoff_reset_seconds: in place, the back-off between
             restarts in a row, its ceiling, and the healthy stretch that resets it.
         join_timeout_seconds: in place, how long a restart may wait for every pod at its barrier.
+        elastic_wait_seconds: an elastic job's round, once its minimum of pods joined, waits this
+            long for the others before it starts smaller.
         rendezvous_timeout_seconds: how long a worker waits for the master to resolve and accept.
         active_deadline_seconds: the job fails with DeadlineExceeded after running this long.
         ttl_seconds_after_finished: the job is deleted this long after it finished.
@@ -323,6 +328,7 @@ class JobSpec:
     max_backoff_seconds: int = DEFAULT_MAX_BACKOFF_SECONDS
     backoff_reset_seconds: int = DEFAULT_BACKOFF_RESET_SECONDS
     join_timeout_seconds: int = DEFAULT_JOIN_TIMEOUT_SECONDS
+    elastic_wait_seconds: int = DEFAULT_ELASTIC_WAIT_SECONDS
     rendezvous_timeout_seconds: int = DEFAULT_RENDEZVOUS_TIMEOUT
     active_deadline_seconds: int | None = None
     ttl_seconds_after_finished: int | None = None
@@ -346,6 +352,13 @@ class JobSpec:
     def world_size(self) -> int:
         """The number of procs (pods) of the job."""
         return contract.world_size(self.mesh_pairs)
+
+    @property
+    def min_members(self) -> int | None:
+        """An elastic job's least pods per round (mesh[0].minSize, torchrun's --nnodes MIN), or
+        None for a fixed size."""
+        first = self.mesh[0]
+        return first.min_size if first.min_size is not None and first.min_size < first.size else None
 
 
 class Manifest(NamedTuple):
@@ -386,6 +399,38 @@ class JobName(Rule):
         error = job_name_error(name)
         if error:
             yield ".metadata.name", error
+
+
+@dataclass(frozen=True)
+class MinSizeFirst(Rule):
+    """Only the mesh's first dimension may be elastic (minSize): its pods are torchrun's nodes."""
+
+    message: str = ("only the first dimension may have minSize (torchrun's --nnodes MIN:MAX: the nodes); the "
+                    "others (procs per node) are fixed")
+
+    def cel(self) -> str:
+        return "size(self) < 1 || self.all(d, !has(d.minSize)) || (has(self[0].minSize) && size(self.filter(d, has(d.minSize))) == 1)"
+
+    def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
+        for i, d in enumerate(value):
+            if i > 0 and isinstance(d, Mapping) and "minSize" in d:
+                yield f"[{i}].minSize", f"not allowed; {self.message}"
+
+
+@dataclass(frozen=True)
+class MinSizeAtMostSize(Rule):
+    """A dimension's minSize is at most its size (the MAX)."""
+
+    message: str = "minSize must be at most size (torchrun's --nnodes MIN:MAX needs MIN <= MAX)"
+    field_path: str | None = ".minSize"
+
+    def cel(self) -> str:
+        return "!has(self.minSize) || self.minSize <= self.size"
+
+    def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
+        low, high = value.get("minSize"), value.get("size")
+        if isinstance(low, int) and isinstance(high, int) and low > high:
+            yield ".minSize", f"{low} is more than size {high}; {self.message}"
 
 
 @dataclass(frozen=True)
@@ -459,6 +504,32 @@ class SparesNeedAGang(Rule):
             if pods < 2:
                 yield ".spares", (f"{spares} is not allowed; the job has one pod, whose loss is its coordinator's: a "
                                   "spare can take the place of any pod but rank 0's")
+
+
+@dataclass(frozen=True)
+class ElasticMesh(Rule):
+    """mesh[0].minSize (an elastic job, torchrun's --nnodes MIN:MAX) needs the shape torchrun
+    gives: podLayout PerHost and two dimensions (nodes, procs per node), restart in place (the
+    gang's coordinator decides each round's pods) and mode Program."""
+
+    message: str = (f"an elastic mesh (minSize on its first dimension, torchrun's --nnodes MIN:MAX) needs podLayout "
+                    f"{PER_HOST}, exactly two dimensions (nodes, procs per node), restartPolicy.mode "
+                    f"{RESTART_IN_PLACE} (the default) and mode {MODE_PROGRAM}")
+    field_path: str | None = ".mesh"
+
+    def cel(self) -> str:
+        return (f"!self.mesh.exists(d, has(d.minSize)) || (has(self.podLayout) && self.podLayout == '{PER_HOST}' "
+                f"&& size(self.mesh) == 2 && (!has(self.restartPolicy) || !has(self.restartPolicy.mode) "
+                f"|| self.restartPolicy.mode == '{RESTART_IN_PLACE}') && !{_CEL_MONARCH})")
+
+    def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
+        mesh = value.get("mesh")
+        if not isinstance(mesh, list) or not any(isinstance(d, Mapping) and "minSize" in d for d in mesh):
+            return
+        restart = value.get("restartPolicy") if isinstance(value.get("restartPolicy"), Mapping) else {}
+        if (value.get("podLayout") != PER_HOST or len(mesh) != 2 or value.get("mode") == MODE_MONARCH
+                or restart.get("mode", RESTART_IN_PLACE) != RESTART_IN_PLACE):
+            yield ".mesh", self.message
 
 
 @dataclass(frozen=True)
@@ -840,6 +911,14 @@ RESTART_POLICY: Final = Obj(
                 failed ends the run of restarts in a row: its restart starts at once again.
                 0..{MAX_BACKOFF_LIMIT}, default {DEFAULT_BACKOFF_RESET_SECONDS}."""),
         ),
+        "elasticWaitSeconds": Int(
+            default=DEFAULT_ELASTIC_WAIT_SECONDS, minimum=0, maximum=MAX_JOIN_TIMEOUT,
+            description=_d(f"""
+                An elastic job (mesh[0].minSize): how long a round, once minSize pods are at its
+                barrier, waits for the others before it starts with those it has (torchrun's last
+                call). A lost pod's replacement that joins within it keeps the full size.
+                0..{MAX_JOIN_TIMEOUT}, default {DEFAULT_ELASTIC_WAIT_SECONDS}."""),
+        ),
         "joinTimeoutSeconds": Int(
             default=DEFAULT_JOIN_TIMEOUT_SECONDS, minimum=1, maximum=MAX_JOIN_TIMEOUT,
             description=_d(f"""
@@ -941,16 +1020,17 @@ SPEC: Final = Obj(
         Job's pod template: suspend it (its pods are deleted), change them, resume it. The others
         (restartPolicy, activeDeadlineSeconds, ttlSecondsAfterFinished, suspend) change at any
         time."""),
-    rules=(ArgsForMode(), LayoutForMode(), SparesNeedAGang(), *(FrozenUnlessSuspended(key) for key in POD_SHAPING_FIELDS)),
+    rules=(ArgsForMode(), LayoutForMode(), SparesNeedAGang(), ElasticMesh(), *(FrozenUnlessSuspended(key) for key in POD_SHAPING_FIELDS)),
     properties={
         "mesh": Arr(
             required=True,
             example=_EXAMPLE_MESH,
             min_items=1,
             max_items=contract.MAX_DIMS,
-            convert=lambda v: tuple(MeshDim(d["name"], d["size"]) for d in v),
+            convert=lambda v: tuple(MeshDim(d["name"], d["size"], d.get("minSize")) for d in v),
             rules=(
                 schema.UniqueBy("name", "dimension names must be unique"),
+                MinSizeFirst(),
                 MeshProcs(),
                 schema.Immutable("spec.mesh is immutable: delete the job and create it again to change its shape"),
             ),
@@ -978,7 +1058,24 @@ SPEC: Final = Obj(
                                 description=_d(f"""
                                     The number of procs along this dimension, 1..{contract.MAX_PROCS}
                                     (and the product of all sizes at most {contract.MAX_PROCS}).""")),
+                    "minSize": Int(minimum=1, maximum=contract.MAX_PROCS,
+                                   description=_d(f"""
+                                    Elastic sizes, on the first dimension only (torchrun's --nnodes
+                                    MIN:MAX, with size the MAX): the job's rounds may run with as few
+                                    as minSize of its size pods (each a node of nproc-per-node procs).
+                                    The first round starts once minSize pods are ready and
+                                    restartPolicy.elasticWaitSeconds passed without the others (at
+                                    once with all); a pod lost with nothing to take its place (no hot
+                                    spare, its replacement not back within that wait) makes the next
+                                    round smaller, never below minSize; a pod ready again while a
+                                    smaller round runs restarts every rank in a round with it (a
+                                    membership change, not counted against maxRestarts). Each round
+                                    renumbers its pods in mesh order: WORLD_SIZE, RANK, GROUP_RANK and
+                                    GROUP_WORLD_SIZE are the round's, as after a torchrun
+                                    re-rendezvous; MASTER_ADDR stays rank 0's pod. Needs podLayout
+                                    {PER_HOST}, two dimensions and restart in place. 1..size.""")),
                 },
+                rules=(MinSizeAtMostSize(),),
             ),
         ),
         "args": Arr(
@@ -1228,6 +1325,17 @@ STATUS: Final = Obj(
                 "used": Int(description=_d("""
                     Lost pods whose place a spare took in the current attempt (each pod then runs as
                     that pod, labelled with its rank; a new spare replaces it).""")),
+            },
+        ),
+        "size": Obj(
+            description=_d("""
+                An elastic job's (mesh[0].minSize) current size: the pods and procs of the round
+                that runs (or ran last), as its coordinator started it."""),
+            properties={
+                "pods": Int(description="Pods in the round, from mesh[0].minSize to mesh[0].size."),
+                "procs": Int(description="Procs in the round: its WORLD_SIZE."),
+                "members": Arr(description="The pods' indices (their first mesh coordinate) in the round, in rank order.",
+                               items=Int(description="A pod's index.")),
             },
         ),
         "running": Int(description="Procs of the current attempt whose pod is running."),

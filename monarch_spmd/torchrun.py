@@ -128,7 +128,7 @@ def _both(name: str) -> tuple[str, ...]:
 
 #: torchrun's flags (torch 2.14), in the order of its ``--help``.
 FLAGS: Final[tuple[Flag, ...]] = (
-    Flag(("--nnodes",), "nnodes", "N", "number of nodes (N, or N:N); MIN:MAX (elastic) is refused"),
+    Flag(("--nnodes",), "nnodes", "N", "number of nodes (N), or MIN:MAX: an elastic job (mesh[0].minSize)"),
     Flag(_both("--nproc-per-node"), "nproc_per_node", "P", "procs per node: an integer, gpu, cpu or auto"),
     Flag(_both("--rdzv-backend"), "rdzv_backend", "BACKEND", "ignored: monarch-spmd forms the gang itself"),
     Flag(_both("--rdzv-endpoint"), "rdzv_endpoint", "HOST:PORT", "ignored: rank 0 hosts the store"),
@@ -384,7 +384,8 @@ class Plan:
     """What a torchrun command line asks for, as monarch-spmd runs it.
 
     Attributes:
-        nodes: torchrun's ``--nnodes``: the mesh's first dimension (one worker, or pod, each).
+        nodes: torchrun's ``--nnodes`` (its MAX): the mesh's first dimension (one worker, or pod, each).
+        min_nodes: the MIN of an elastic ``--nnodes MIN:MAX`` (mesh[0].minSize), or None.
         procs: ``--nproc-per-node``, resolved to a number: the mesh's last dimension.
         from_gpus: ``procs`` counts GPUs (``gpu``, or ``auto`` where GPUs are visible).
         argv: the training argv, ``["-m", MODULE, ...]`` or ``[SCRIPT, ...]``.
@@ -404,6 +405,7 @@ class Plan:
     procs: int
     from_gpus: bool
     argv: tuple[str, ...]
+    min_nodes: int | None = None
     max_restarts: int = 0
     master_addr: str | None = None
     master_port: int | None = None
@@ -433,25 +435,22 @@ def int_flag(flag: str, value: Any, low: int, high: int | None = None, what: str
     return number
 
 
-def parse_nnodes(value: str) -> int:
-    """torchrun's ``--nnodes``: ``N`` or ``N:N``. A range ``MIN:MAX`` (elastic) is refused.
+def parse_nnodes(value: str) -> tuple[int, int]:
+    """torchrun's ``--nnodes``: ``N`` (or ``N:N``), or an elastic range ``MIN:MAX``; returns
+    ``(MIN, MAX)``, equal for a fixed size. MAX is the mesh's first dimension, MIN its minSize.
 
     Raises:
         TorchrunError: naming ``--nnodes`` and what would be valid.
     """
     text = str(value).strip()
     parts = text.split(":")
-    valid = "expected a number of nodes, e.g. --nnodes 2"
+    valid = "expected a number of nodes, e.g. --nnodes 2, or a range MIN:MAX, e.g. --nnodes 2:4"
     if len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
         raise TorchrunError(f"--nnodes: {text!r} is not valid; {valid}")
     low, high = (int(p) for p in (parts * 2)[:2])
     if low < 1 or high < low:
-        raise TorchrunError(f"--nnodes: {text!r} is not valid; {valid} (at least 1)")
-    if low != high:
-        raise TorchrunError(f"--nnodes: {text!r} is an elastic range; monarch-spmd runs a fixed number of "
-                            f"nodes and restarts the whole gang on a failure: give one number, e.g. "
-                            f"--nnodes {high}")
-    return low
+        raise TorchrunError(f"--nnodes: {text!r} is not valid; {valid} (1 <= MIN <= MAX)")
+    return low, high
 
 
 def parse_nproc_per_node(value: str, *, gpus: int, cpus: int) -> tuple[int, bool]:
@@ -557,7 +556,7 @@ def plan(launch: Launch, target: str, *, gpus: int = 0, cpus: int = 1) -> Plan:
     if log_dir is not None and not str(log_dir).strip():
         raise TorchrunError("--log-dir: empty; give a folder for the ranks' log files, e.g. --log-dir logs")
 
-    nodes = parse_nnodes(opts["nnodes"]) if opts.get("nnodes") is not None else 1
+    min_nodes, nodes = parse_nnodes(opts["nnodes"]) if opts.get("nnodes") is not None else (1, 1)
     try:
         procs, from_gpus = parse_nproc_per_node(opts.get("nproc_per_node", "1"), gpus=gpus, cpus=cpus)
     except TorchrunError as e:
@@ -644,7 +643,8 @@ def plan(launch: Launch, target: str, *, gpus: int = 0, cpus: int = 1) -> Plan:
             master_port = None
     if target == CLUSTER:
         std = {}
-    return Plan(nodes=nodes, procs=procs, from_gpus=from_gpus, argv=argv, max_restarts=max_restarts,
+    return Plan(nodes=nodes, min_nodes=min_nodes if min_nodes < nodes else None, procs=procs, from_gpus=from_gpus,
+                argv=argv, max_restarts=max_restarts,
                 master_addr=master_addr, master_port=master_port, run_id=run_id, role=role,
                 grace_period=grace, notes=tuple(notes), log_dir=log_dir, redirects=std.get("redirects", "0"),
                 tee=std.get("tee", "0"))
@@ -684,7 +684,8 @@ def manifest(run: Plan, *, name: str, image: str, namespace: str | None = None,
     if namespace:
         metadata["namespace"] = namespace
     body: dict[str, Any] = {
-        "mesh": [{"name": n, "size": s} for n, s in run.mesh],
+        "mesh": [{"name": n, "size": s, **({"minSize": run.min_nodes} if i == 0 and run.min_nodes else {})}
+                 for i, (n, s) in enumerate(run.mesh)],
         "podLayout": names.PER_HOST,
         "image": image,
         "args": list(run.argv),

@@ -756,13 +756,14 @@ class Agent:
     Args:
         settings: see :class:`Settings`.
         command: the training command (``[python, ...]``).
-        env_for: the whole environment of process ``local`` in round ``r``: ``env_for(r, local)``
+        env_for: the whole environment of process ``local`` in round ``r``: ``env_for(r, local)``, or
+            ``env_for(r, local, (group_rank, group_world_size))`` in an elastic gang's round
             (torchrun's variables with TORCHELASTIC_RESTART_COUNT = r, over the pod's env).
         out: where the processes' output and the agent's own lines go.
     """
 
     def __init__(self, settings: Settings, command: Sequence[str],
-                 env_for: Callable[[int, int], dict[str, str]], out: gang.Prefixer) -> None:
+                 env_for: Callable[..., dict[str, str]], out: gang.Prefixer) -> None:
         self.s = settings
         self.command = list(command)
         self.env_for = env_for
@@ -772,7 +773,10 @@ class Agent:
         self.server: CoordinatorServer | None = None
         self.group: gang.Gang | None = None
         #: This member's side of the protocol (phase and round): :class:`.member.Member`.
-        self.member = member.Member(settings.first_round)
+        self.member = member.Member(settings.first_round, settings.member)
+        #: The global rank of this agent's first process in the running round (an elastic gang's
+        #: changes with the round's members).
+        self.first_rank = settings.first_rank
         self.received: list[int] = []
         self.parent = os.getppid()
         self.incarnation = uuid.uuid4().hex
@@ -809,7 +813,7 @@ class Agent:
         self.out.line(2, f"{_PREFIX}: {message}")
 
     def ranks(self) -> str:
-        first = self.s.first_rank
+        first = self.first_rank
         return f"rank {first}" if self.s.procs == 1 else f"ranks {first}..{first + self.s.procs - 1}"
 
     # --- signals ---------------------------------------------------------------------------------
@@ -947,7 +951,7 @@ class Agent:
             elif do.what == member.SAY:
                 self.say(do.text)
             elif do.what == member.START:
-                self._start_round(do.round)
+                self._start_round(do.round, do.message.get("members"))
             elif do.what == member.STOP:
                 self._thaw()
                 if self.group is not None and not self.received:  # a signal already told them: no second one
@@ -974,8 +978,14 @@ class Agent:
 
     # --- one round -------------------------------------------------------------------------------
 
-    def _start_round(self, r: int) -> None:
+    def _start_round(self, r: int, listed: Any = None) -> None:
+        """Starts round ``r``'s processes; ``listed``: the members of an elastic gang's round (its
+        ``go`` says), from which this agent's ranks and the world's size follow."""
         self.failure_sent = False
+        group = None
+        if isinstance(listed, list) and all(isinstance(m, int) and not isinstance(m, bool) for m in listed):
+            group = rendezvous.group_of(self.s.member, listed, self.s.members)
+        self.first_rank = self.s.first_rank if group is None else group[0] * self.s.procs
         attempt_dir = None
         if self.run_dir is not None:
             attempt_dir = os.path.join(self.run_dir, f"attempt_{r}")
@@ -983,14 +993,14 @@ class Agent:
             os.makedirs(attempt_dir)
         members = []
         for local in range(self.s.procs):
-            env = self.env_for(r, local)
+            env = self.env_for(r, local) if group is None else self.env_for(r, local, group)
             logs = None
             if attempt_dir is not None:
                 logs = gang.log_files(attempt_dir, local, self.s.redirects, self.s.tee)
                 env["TORCHELASTIC_ERROR_FILE"] = logs.error_file or ""
             if self.watchdog is not None:
                 env[timer.FILE_VAR] = self.watchdog.path
-            members.append(gang.Member(rank=self.s.first_rank + local, command=self.command, env=env,
+            members.append(gang.Member(rank=self.first_rank + local, command=self.command, env=env,
                                        prefix=self.s.prefix, local_rank=int(env.get("LOCAL_RANK", local)),
                                        logs=logs))
         if r != self.s.first_round:

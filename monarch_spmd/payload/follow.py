@@ -139,6 +139,8 @@ class Follower:
             self.phase = rendezvous.RUNNING_PHASE
         elif kind == rendezvous.EV_FAILURE and self.phase == rendezvous.RUNNING_PHASE:
             self.phase = rendezvous.STOPPING
+        elif kind == rendezvous.EV_RESIZE and "next_size" in event and self.phase == rendezvous.RUNNING_PHASE:
+            self.phase = rendezvous.STOPPING  # an elastic gang grows: its round stops
         elif kind == rendezvous.EV_SUCCEEDED:
             self.phase = rendezvous.FINISHED
         elif kind == rendezvous.EV_FAILED:

@@ -68,6 +68,8 @@ class Member:
     Args:
         first_round: the round this agent's pod was created for (TORCHELASTIC_RESTART_COUNT of
             its first processes; a replacement pod's is its attempt's).
+        member: this agent's member id: an elastic gang's ``go`` lists the members of its round,
+            and one not listed waits for the next round instead of starting (-1: always listed).
 
     Attributes:
         phase: one of PHASES.
@@ -76,6 +78,7 @@ class Member:
     """
 
     first_round: int = 0
+    member: int = -1
     phase: str = HELLO
     round: int = -1
     left: bool = False
@@ -116,8 +119,14 @@ class Member:
             return [Do(GIVE_UP, text=f"the coordinator refused this agent: {message.get('reason')}",
                        reason=rendezvous.REASON_COORDINATOR_LOST)]
         if kind == rendezvous.GO and self.phase == JOINING and r == self.round:
+            listed = message.get("members")
+            if isinstance(listed, list) and self.member >= 0 and self.member not in listed:
+                # An elastic round that closed without this member: it waits for the next one,
+                # which its join makes the coordinator start (the gang grows).
+                return [Do(SAY, text=f"round {self.round} started with {len(listed)} members without this one; "
+                                     f"joining round {self.round + 1}")] + self._join_next()
             self.phase = RUNNING
-            return [Do(START, round=self.round)]
+            return [Do(START, round=self.round, message=dict(message))]
         if kind == rendezvous.STOP and r == self.round:
             if self.phase == RUNNING and procs_running:
                 self.phase = STOPPING

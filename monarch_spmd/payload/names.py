@@ -73,6 +73,10 @@ MAX_BACKOFF_VAR: Final = "MONARCH_SPMD_MAX_BACKOFF_SECONDS"
 BACKOFF_RESET_VAR: Final = "MONARCH_SPMD_BACKOFF_RESET_SECONDS"
 JOIN_TIMEOUT_VAR: Final = "MONARCH_SPMD_JOIN_TIMEOUT"
 MEMBER_FAILURE_LIMIT_VAR: Final = "MONARCH_SPMD_MEMBER_FAILURE_LIMIT"
+#: An elastic gang (docs/restart-in-place.md, "Elastic sizes"): a round may start with this many
+#: members (torchrun's --nnodes MIN), once the rest have not joined within MONARCH_SPMD_ELASTIC_WAIT.
+MIN_MEMBERS_VAR: Final = "MONARCH_SPMD_MIN_MEMBERS"
+ELASTIC_WAIT_VAR: Final = "MONARCH_SPMD_ELASTIC_WAIT"
 PROGRESS_TIMEOUT_VAR: Final = "MONARCH_SPMD_PROGRESS_TIMEOUT"
 STOP_GRACE_VAR: Final = "MONARCH_SPMD_STOP_GRACE"
 #: spec.failureOutput: whether a failure carries the last lines of the rank's output (Tail) or not

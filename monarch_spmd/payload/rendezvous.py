@@ -23,7 +23,7 @@ import json
 import math
 import secrets
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -76,11 +76,12 @@ EV_PROGRESS: Final = "progress"
 EV_HANG: Final = "hang"
 EV_SPARE: Final = "spare"
 EV_TAKEOVER: Final = "takeover"
+EV_RESIZE: Final = "resize"
 EV_SUCCEEDED: Final = "succeeded"
 EV_FAILED: Final = "failed"
 #: Events kept in the history a (re)connecting observer receives.
 HISTORY_EVENTS: Final = frozenset({EV_ROUND, EV_STARTED, EV_ALL_RUNNING, EV_HANG, EV_FAILURE, EV_LOST, EV_TAKEOVER,
-                                   EV_RESTART, EV_SUCCEEDED, EV_FAILED})
+                                   EV_RESIZE, EV_RESTART, EV_SUCCEEDED, EV_FAILED})
 HISTORY_LIMIT: Final = 5000
 #: The newest history events always kept whole (with their output lines), whatever their size.
 HISTORY_WHOLE: Final = 12
@@ -103,6 +104,9 @@ REASON_ROUND_TIMEOUT: Final = "RoundTimeout"
 REASON_REPEATED: Final = "RepeatedFailure"
 REASON_COORDINATOR_LOST: Final = "CoordinatorLost"
 REASON_COORDINATOR_UNREACHABLE: Final = "CoordinatorUnreachable"
+#: An elastic gang restarts to take in a member that is ready (torchrun: "membership changes do
+#: not count as retries"): a disruption, never counted against maxRestarts, no back-off.
+REASON_MEMBERSHIP: Final = "MembershipChange"
 #: Why a member is lost (the ``reason`` of a ``lost`` event).
 LOST_LEFT: Final = "Left"
 LOST_DISCONNECTED: Final = "Disconnected"
@@ -153,6 +157,9 @@ DEFAULT_MAX_BACKOFF: Final = 300.0
 DEFAULT_BACKOFF_RESET: Final = 300.0
 DEFAULT_JOIN_TIMEOUT: Final = 120.0
 DEFAULT_MEMBER_FAILURE_LIMIT: Final = 3
+#: An elastic gang's round, once its minimum of members joined, waits this long for the others
+#: before it starts smaller (torchrun's last call, 30 s there).
+DEFAULT_ELASTIC_WAIT: Final = 10.0
 
 
 # --- bounds (docs/restart-in-place.md, "Trust and bounds") ------------------------------------------
@@ -399,9 +406,21 @@ def backoff_seconds(consecutive: int, initial: float, maximum: float) -> float:
 
 
 def quorum_reached(joined: Collection[int], members: int) -> bool:
-    """Whether a round may close: today every member 0..members-1 joined (elastic sizes would
-    close on at least MIN members here, without changing any message)."""
+    """Whether every member 0..members-1 joined: a round closes at once (an elastic gang's round
+    may also close on fewer, :meth:`Coordinator._maybe_go`)."""
     return all(m in joined for m in range(members))
+
+
+def group_of(member: int, participants: Sequence[int] | None, members: int) -> tuple[int, int] | None:
+    """Member ``member``'s place in a round: (GROUP_RANK, GROUP_WORLD_SIZE). A fixed-size gang's
+    round has every member in member order (``participants`` None); an elastic gang's round
+    numbers the members in it densely in member order, as torchrun's rendezvous numbers its
+    sorted participants. None: the member is not in the round."""
+    if participants is None:
+        return (member, members) if 0 <= member < members else None
+    if member not in participants:
+        return None
+    return sorted(participants).index(member), len(participants)
 
 
 @dataclass(frozen=True)
@@ -418,6 +437,10 @@ class Policy:
             stop) before the gang is given up in place (RoundTimeout: exit 75, recreate).
         member_failure_limit: restarts in place in a row caused by one member before the gang
             is recreated instead (RepeatedFailure).
+        min_members: an elastic gang's minimum (torchrun's --nnodes MIN): a round may start with
+            this many members once ``elastic_wait`` passed without the others; 0: every member
+            (a fixed size).
+        elastic_wait: see ``min_members``.
     """
 
     max_restarts: int = 0
@@ -430,6 +453,8 @@ class Policy:
     backoff_reset: float = DEFAULT_BACKOFF_RESET
     join_timeout: float = DEFAULT_JOIN_TIMEOUT
     member_failure_limit: int = DEFAULT_MEMBER_FAILURE_LIMIT
+    min_members: int = 0
+    elastic_wait: float = DEFAULT_ELASTIC_WAIT
 
     def is_permanent(self, exit_code: int | None, reason: str | None) -> bool:
         return failures.is_permanent(exit_code, reason, permanent_reasons=self.permanent_reasons,
@@ -536,6 +561,19 @@ class Coordinator:
         #: Members whose place a spare took, whose loss is not counted against maxRestarts.
         self.taken_over: set[int] = set()
         self.takeovers = 0
+        #: The least members a round starts with (the whole gang unless elastic).
+        self.min_members = self.members if not 0 < self.policy.min_members < self.members else self.policy.min_members
+        #: The members of the round that runs (or ran last): every member unless elastic.
+        self.round_members: set[int] = set(range(self.members))
+        #: Members ready for the next round while a smaller elastic round runs (it grows).
+        self.waiting: set[int] = set()
+        #: When an open elastic round had its minimum joined (its wait for the others runs).
+        self.quorum_at: float | None = None
+
+    @property
+    def elastic(self) -> bool:
+        """Whether a round may start with fewer than every member."""
+        return self.min_members < self.members
 
     # --- events -------------------------------------------------------------------------------
 
@@ -581,7 +619,8 @@ class Coordinator:
                 "world_size": self.world_size, "first_round": self.first_round, "round": self.round,
                 "phase": self.phase, "max_restarts": self.policy.max_restarts, "disruptions": self.disruptions,
                 "time": self.wall(), "seq": self.seq, "history": list(self.history),
-                "history_dropped": self.history_dropped, "spares": len(self.spares)}
+                "history_dropped": self.history_dropped, "spares": len(self.spares),
+                **({"min_members": self.min_members, "round_members": sorted(self.round_members)} if self.elastic else {})}
 
     def start(self) -> list[Out]:
         """The first round's ``round`` event (call once). The first round has no deadline: its
@@ -593,6 +632,10 @@ class Coordinator:
 
     def live(self) -> set[int]:
         return set(self.incarnations)
+
+    def _in_round(self) -> set[int]:
+        """The live members of the round that runs (an elastic gang's waiting ones are not)."""
+        return self.live() & self.round_members
 
     def hello(self, member: int, incarnation: str, now: float, *, disruptions: int = 0,
               node: str = "") -> list[Out]:
@@ -637,7 +680,25 @@ class Coordinator:
         if self.phase == STOPPING and round_ == self.round + 1:
             self.next_joined.add(member)
             return self._maybe_decide()
+        if self.phase == RUNNING_PHASE and round_ == self.round + 1 and member not in self.round_members:
+            return self._grow(member)
         return []
+
+    def _grow(self, member: int) -> list[Out]:
+        """Member ``member`` is ready while a smaller elastic round runs without it: every member
+        restarts in a round with it (torchrun's agents restart their workers when a node waits)."""
+        if member in self.waiting:
+            return []
+        self.waiting.add(member)
+        size = len(self.round_members)
+        message = f"member {member} is ready: the gang grows from {size} to {size + len(self.waiting)} members"
+        self.received += 1
+        self.failures.append(_Failure(member, {"rank": None, "exit_code": None, "reason": REASON_MEMBERSHIP,
+                                               "message": message, "tail": [], "at": None, "grow": True},
+                                      self.received))
+        out = [self._event(EV_RESIZE, member=member, size=size, next_size=size + len(self.waiting),
+                           node=self.nodes.get(member, ""), message=message)]
+        return out + self._stop()
 
     def _joined(self, member: int) -> Out:
         replacement = member in self.replacements
@@ -652,7 +713,7 @@ class Coordinator:
             return []
         self.running_members.add(member)
         out = [self._event(EV_RUNNING, member=member, procs=procs)]
-        if self.running_members >= set(range(self.members)) and self.all_running_at is None:
+        if self.running_members >= self.round_members and self.all_running_at is None:
             self.all_running_at = now
             since = None if self.first_failure_at is None else round(now - self.first_failure_at, 6)
             out.append(self._event(EV_ALL_RUNNING, seconds_since_failure=since))
@@ -661,7 +722,8 @@ class Coordinator:
     def failure(self, member: int, round_: int, info: Mapping[str, Any], now: float) -> list[Out]:
         """A process of member ``member`` failed in ``round_`` (info: rank, exit code, reason ...)."""
         self.now = now
-        if round_ != self.round or self.phase not in (RUNNING_PHASE, STOPPING) or member not in self.incarnations:
+        if (round_ != self.round or self.phase not in (RUNNING_PHASE, STOPPING) or member not in self.incarnations
+                or member not in self.round_members):
             return []
         if any(f.member == member for f in self.failures):
             return []  # one failure per member and round
@@ -686,7 +748,7 @@ class Coordinator:
         self.capture = None
         self.first_failure_at = self.now
         self.stop_deadline = self.now + self.policy.join_timeout
-        self.next_joined = set()
+        self.next_joined = self.waiting & self.live()  # they joined the next round already
         return [Out(ALL, {"type": STOP, "round": self.round})]
 
     def exited(self, member: int, round_: int, procs: list[dict[str, Any]], now: float) -> list[Out]:
@@ -706,8 +768,10 @@ class Coordinator:
             return out
         if self.capture is not None:
             return out  # its ranks ended for their stacks: the verdict follows
+        if member not in self.round_members:
+            return out
         self.done.add(member)
-        if self.done >= set(range(self.members)):
+        if self.done >= self.round_members:
             self.phase = FINISHED
             out.append(Out(ALL, {"type": FINISH, "round": self.round}))
             out.append(self._event(EV_SUCCEEDED))
@@ -726,8 +790,14 @@ class Coordinator:
         gone = f"member {member}'s agent is gone ({reason})"
         if takeover:
             gone += "; a hot spare takes its place"
+        if member in self.waiting or (self.phase in (RUNNING_PHASE, STOPPING) and member not in self.round_members):
+            self.waiting.discard(member)  # not in the round that runs: nothing of it stops
+            self.next_joined.discard(member)
+            return out + self._maybe_decide()
         if self.phase == JOINING:
             self.joined.discard(member)
+            if len(self.joined) < self.min_members or 0 not in self.joined:
+                self.quorum_at = None  # below the minimum: an elastic round's wait starts again
         elif self.phase == RUNNING_PHASE:
             self.running_members.discard(member)
             self.done.discard(member)
@@ -818,7 +888,7 @@ class Coordinator:
         if capture is None or capture.dumping or round_ != self.round or member not in self.incarnations:
             return []
         capture.frozen.add(member)
-        return self._dump() if capture.frozen >= self.live() else []
+        return self._dump() if capture.frozen >= self._in_round() else []
 
     def _dump(self) -> list[Out]:
         assert self.capture is not None
@@ -837,7 +907,7 @@ class Coordinator:
         capture.detail = capture.detail and detail
         for row in ranks:
             capture.rows[row["rank"]] = (member, row)
-        return self._judge() if capture.dumping and capture.reported >= self.live() else []
+        return self._judge() if capture.dumping and capture.reported >= self._in_round() else []
 
     def _judge(self) -> list[Out]:
         """The rule (:func:`.stacks.judge`) over every rank reported; the named rank's failure
@@ -888,8 +958,23 @@ class Coordinator:
     # --- the barrier and the decision ---------------------------------------------------------
 
     def _maybe_go(self) -> list[Out]:
-        if self.phase != JOINING or not quorum_reached(self.joined, self.members) or self.now < self.go_at:
+        if self.phase != JOINING or self.now < self.go_at:
             return []
+        if not quorum_reached(self.joined, self.members):
+            # An elastic round: member 0 (the coordinator's own) and at least the minimum joined,
+            # then ELASTIC_WAIT for the rest (torchrun's last call); the wait starts again if it
+            # falls below the minimum.
+            if not self.elastic or 0 not in self.joined or len(self.joined) < self.min_members:
+                self.quorum_at = None
+                return []
+            if self.quorum_at is None:
+                self.quorum_at = self.now
+            if self.now < self.quorum_at + self.policy.elastic_wait:
+                return []
+        self.quorum_at = None
+        before = self.round_members
+        self.round_members = set(self.joined)
+        self.waiting = set()
         self.phase = RUNNING_PHASE
         self.running_members = set()
         self.done = set()
@@ -897,7 +982,17 @@ class Coordinator:
         self.all_running_at = None
         self.last_progress_event = self.now
         self.capture = None
-        return [Out(ALL, {"type": GO, "round": self.round}), self._event(EV_STARTED, members=self.members)]
+        if not self.elastic:
+            return [Out(ALL, {"type": GO, "round": self.round}), self._event(EV_STARTED, members=self.members)]
+        members = sorted(self.round_members)
+        out = [Out(ALL, {"type": GO, "round": self.round, "members": members}),
+               self._event(EV_STARTED, members=len(members), round_members=members, max_members=self.members,
+                           world_size=self.world_size // self.members * len(members) if self.world_size else None)]
+        if self.round_members != before:
+            out.append(self._event(EV_RESIZE, size=len(members), round_members=members, before=len(before),
+                                   message=f"round {self.round} runs {len(members)} of {self.members} members "
+                                           f"(at least {self.min_members}): {_ranges(members)}"))
+        return out
 
     def _maybe_decide(self) -> list[Out]:
         if self.phase == STOPPING and self.live() <= self.next_joined:
@@ -907,8 +1002,9 @@ class Coordinator:
     def _decide(self) -> list[Out]:
         root = min(self.failures, key=lambda f: f.key)
         info = root.info
-        if info.get("takeover"):
-            self.disruptions += 1  # a lost node whose place a spare took: not the program's restart
+        grow = bool(info.get("grow"))
+        if info.get("takeover") or grow:
+            self.disruptions += 1  # a lost node whose place a spare took, a member that joined: not the program's
         code = info.get("exit_code")
         reason = info.get("reason") or REASON_ERROR
         healthy = (self.all_running_at is not None and self.first_failure_at is not None
@@ -919,7 +1015,7 @@ class Coordinator:
         counted = self.round - self.disruptions
         cause = {"rank": info.get("rank"), "member": root.member, "exit_code": code, "reason": reason,
                  "message": info.get("message"), "tail": info.get("tail") or []}
-        if reason != REASON_MEMBER_LOST:
+        if reason not in (REASON_MEMBER_LOST, REASON_MEMBERSHIP):
             if self.policy.is_permanent(code, reason):
                 return self._fail(root, exit_code=code, reason=reason, permanent=True)
             if counted >= self.policy.max_restarts:
@@ -930,8 +1026,9 @@ class Coordinator:
                 return self._fail(root, exit_code=EX_TEMPFAIL, reason=REASON_REPEATED, fallback=True,
                                   message=f"member {root.member} caused {self.streak} restarts in place in a row; "
                                           f"the gang is recreated on fresh pods")
-        self.consecutive += 1
-        backoff = backoff_seconds(self.consecutive, self.policy.backoff, self.policy.max_backoff)
+        if not grow:
+            self.consecutive += 1
+        backoff = 0.0 if grow else backoff_seconds(self.consecutive, self.policy.backoff, self.policy.max_backoff)
         out = [self._event(EV_RESTART, next_round=self.round + 1, **cause,
                            counted=counted + 1, max_restarts=self.policy.max_restarts, backoff_seconds=backoff)]
         self._cause = {"round": self.round, **cause}

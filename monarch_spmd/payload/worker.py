@@ -71,6 +71,11 @@ MONARCH_SPMD_JOIN_TIMEOUT           ``120`` (default)           seconds a round 
                                                                 the gang is recreated (exit 75)
 MONARCH_SPMD_MEMBER_FAILURE_LIMIT   ``3`` (default)             in-place restarts in a row caused by
                                                                 one pod before the gang is recreated
+MONARCH_SPMD_MIN_MEMBERS            unset (default), ``2``      an elastic gang: a round may start
+                                                                with this many pods (torchrun's
+                                                                --nnodes MIN); PerHost, 2 dimensions
+MONARCH_SPMD_ELASTIC_WAIT           ``10`` (default)            seconds an elastic round waits for
+                                                                the rest once MIN pods joined
 MONARCH_SPMD_PROGRESS_TIMEOUT       ``0`` (default: off)        seconds without output from a rank
                                                                 before it fails (NoProgress)
 MONARCH_SPMD_STOP_GRACE             ``30`` (default)            seconds from SIGTERM to SIGKILL when
@@ -174,6 +179,8 @@ from .names import (
     LOG_DIR_VAR,
     MAX_BACKOFF_VAR,
     MEMBER_FAILURE_LIMIT_VAR,
+    MIN_MEMBERS_VAR,
+    ELASTIC_WAIT_VAR,
     PERMANENT_EXIT_CODES_VAR,
     PERMANENT_REASONS_VAR,
     PROGRESS_TIMEOUT_VAR,
@@ -233,6 +240,8 @@ INPUT_VARS: Final = (
     BACKOFF_RESET_VAR,
     JOIN_TIMEOUT_VAR,
     MEMBER_FAILURE_LIMIT_VAR,
+    MIN_MEMBERS_VAR,
+    ELASTIC_WAIT_VAR,
     PROGRESS_TIMEOUT_VAR,
     STOP_GRACE_VAR,
     FAILURE_OUTPUT_VAR,
@@ -292,6 +301,9 @@ class WorkerInputs:
     backoff_reset: float = rendezvous.DEFAULT_BACKOFF_RESET
     join_timeout: float = rendezvous.DEFAULT_JOIN_TIMEOUT
     member_failure_limit: int = rendezvous.DEFAULT_MEMBER_FAILURE_LIMIT
+    #: An elastic gang's minimum of members (MONARCH_SPMD_MIN_MEMBERS); 0: a fixed size.
+    min_members: int = 0
+    elastic_wait: float = rendezvous.DEFAULT_ELASTIC_WAIT
     progress_timeout: float = 0.0
     stop_grace: float = DEFAULT_STOP_GRACE
     failure_output: str = FAILURE_OUTPUT_TAIL
@@ -331,6 +343,13 @@ class WorkerInputs:
         coords = contract.coords_of(dims, member) if dims else []
         return dataclasses.replace(self, coords=coords, spare=None)
 
+    def resized(self, group: int, count: int) -> WorkerInputs:
+        """These inputs in an elastic round of ``count`` members where this worker is the
+        ``group``-th: the mesh's first dimension (the members', PerHost) has ``count``
+        coordinates and this worker the ``group``-th, as torchrun's re-rendezvous renumbers."""
+        return dataclasses.replace(self, mesh=[(self.mesh[0][0], count), *self.mesh[1:]],
+                                   coords=[group, *self.coords[1:]])
+
     def policy(self) -> rendezvous.Policy:
         """The restart policy the coordinator decides with."""
         return rendezvous.Policy(
@@ -338,7 +357,8 @@ class WorkerInputs:
             permanent_exit_codes=self.permanent_exit_codes, retryable_exit_codes=self.retryable_exit_codes,
             permanent_reasons=self.permanent_reasons, backoff=self.backoff, max_backoff=self.max_backoff,
             backoff_reset=self.backoff_reset, join_timeout=self.join_timeout,
-            member_failure_limit=self.member_failure_limit)
+            member_failure_limit=self.member_failure_limit, min_members=self.min_members,
+            elastic_wait=self.elastic_wait)
 
 
 def worker_input_env(
@@ -419,6 +439,8 @@ OPTIONAL_INPUTS: Final = {
     "backoff_reset": BACKOFF_RESET_VAR,
     "join_timeout": JOIN_TIMEOUT_VAR,
     "member_failure_limit": MEMBER_FAILURE_LIMIT_VAR,
+    "min_members": MIN_MEMBERS_VAR,
+    "elastic_wait": ELASTIC_WAIT_VAR,
     "progress_timeout": PROGRESS_TIMEOUT_VAR,
     "stop_grace": STOP_GRACE_VAR,
     "failure_output": FAILURE_OUTPUT_VAR,
@@ -564,6 +586,19 @@ def read_inputs(environ: Mapping[str, str]) -> WorkerInputs:
     if agent_port is not None and agent_port == master_port and (environ.get(AGENT_ADDR_VAR, "").strip() or master_addr) == master_addr:
         raise WorkerInputError(f"{AGENT_PORT_VAR}: {agent_port} is also {MASTER_PORT_VAR}, which rank 0's TCPStore "
                                "owns; give the coordinator another port (torchrun's rendezvous uses 29400)")
+    min_members = _int_var(environ, MIN_MEMBERS_VAR, 0, 1, None) if environ.get(MIN_MEMBERS_VAR, "").strip() else 0
+    if min_members:
+        members = mesh[0][1]
+        if layout != PER_HOST or len(mesh) != 2:
+            raise WorkerInputError(f"{MIN_MEMBERS_VAR}: an elastic gang needs {POD_LAYOUT_VAR}={PER_HOST} and a mesh of "
+                                   f"two dimensions (nodes, procs per node, as torchrun's); got "
+                                   f"{contract.format_mesh(mesh)} ({layout})")
+        if min_members > members:
+            raise WorkerInputError(f"{MIN_MEMBERS_VAR}: {min_members} is more than the {members} pods of mesh "
+                                   f"{contract.format_mesh(mesh)}; expected 1..{members}")
+        if agent_port is None:
+            raise WorkerInputError(f"{MIN_MEMBERS_VAR}: an elastic gang needs the gang's coordinator ({AGENT_PORT_VAR}: "
+                                   "restart in place), which decides each round's members")
     failure_output = environ.get(FAILURE_OUTPUT_VAR, "").strip() or FAILURE_OUTPUT_TAIL
     if failure_output not in FAILURE_OUTPUTS:
         raise WorkerInputError(f"{FAILURE_OUTPUT_VAR}: {failure_output!r} is not valid; expected one of "
@@ -601,6 +636,8 @@ def read_inputs(environ: Mapping[str, str]) -> WorkerInputs:
         backoff_reset=_seconds_var(environ, BACKOFF_RESET_VAR, rendezvous.DEFAULT_BACKOFF_RESET, zero=True),
         join_timeout=_seconds_var(environ, JOIN_TIMEOUT_VAR, rendezvous.DEFAULT_JOIN_TIMEOUT),
         member_failure_limit=_int_var(environ, MEMBER_FAILURE_LIMIT_VAR, rendezvous.DEFAULT_MEMBER_FAILURE_LIMIT, 1, None),
+        min_members=min_members,
+        elastic_wait=_seconds_var(environ, ELASTIC_WAIT_VAR, rendezvous.DEFAULT_ELASTIC_WAIT, zero=True),
         progress_timeout=_seconds_var(environ, PROGRESS_TIMEOUT_VAR, 0.0, zero=True),
         stop_grace=_seconds_var(environ, STOP_GRACE_VAR, DEFAULT_STOP_GRACE, zero=True),
         failure_output=failure_output,
@@ -838,8 +875,10 @@ def run_agent(inputs: WorkerInputs, command: Sequence[str], base: Mapping[str, s
     """Runs the pod's processes as its agent (see :mod:`.agent`); returns the exit code."""
     clean = program_env(base)
 
-    def env_for(round_: int, local: int) -> dict[str, str]:
+    def env_for(round_: int, local: int, group: tuple[int, int] | None = None) -> dict[str, str]:
         this = dataclasses.replace(inputs, restart_count=round_)
+        if group is not None:
+            this = this.resized(*group)
         return {**clean, **build_env(this, clean, local)}
 
     out = gang.Prefixer(gang.stream_writer(sys.stdout, sys.stderr))

@@ -576,13 +576,14 @@ def join_gang(pod: dict[str, Any], job: JobRef, spec: JobSpec, restart: int) -> 
 
 def build_podgroup(job: JobRef, spec: JobSpec, restart: int) -> dict[str, Any]:
     """The PodGroup of attempt ``restart``: minMember is every pod of the attempt and its hot
-    spares, all or nothing.
+    spares, all or nothing; an elastic job's (mesh[0].minSize) its minimum of pods and the
+    spares: it may start at that size.
 
     Volcano's (scheduling.volcano.sh/v1beta1) carries the queue and the priority class of the
     template; coscheduling's (scheduling.x-k8s.io/v1alpha1) the scheduling timeout.
     """
     group, version, _ = PODGROUP_APIS[spec.scheduling_provider]
-    body: dict[str, Any] = {"minMember": policy.pods_per_attempt(spec) + spec.spares}
+    body: dict[str, Any] = {"minMember": (spec.min_members or policy.pods_per_attempt(spec)) + spec.spares}
     if spec.scheduling_provider == spec_module.SCHEDULING_VOLCANO:
         if spec.scheduling_queue:
             body["queue"] = spec.scheduling_queue
@@ -604,7 +605,9 @@ def build_workload(job: JobRef, spec: JobSpec) -> dict[str, Any]:
     """The job's Kueue Workload: one pod set of every pod of an attempt, on spec.scheduling.queue.
 
     Kueue admits it when the queue's quota covers the whole gang (the pods' requests times their
-    number); until then the job holds no pod (see lifecycle.suspend).
+    number); until then the job holds no pod (see lifecycle.suspend). An elastic job's pod set is
+    its largest size (mesh[0].size) and its spares: every smaller size it may run at is within
+    what Kueue admitted, so neither a shrink nor the grow back waits for another admission.
     """
     pod = build_pod(job, spec, 0, 0)
     template_spec = {k: v for k, v in pod["spec"].items() if k != "schedulerName"}

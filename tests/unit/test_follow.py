@@ -160,6 +160,8 @@ PHASES = [
     (R.RUNNING_PHASE, ev(R.EV_HANG, 0, round=2, member=0, rank=1, reason="NoProgress"), 2, R.RUNNING_PHASE, 2),
     (R.RUNNING_PHASE, ev(R.EV_SPARE, 0, round=2, spare=0, state="ready", ready=1), 2, R.RUNNING_PHASE, 2),
     (R.RUNNING_PHASE, ev(R.EV_TAKEOVER, 0, round=2, member=1, spare=0), 2, R.RUNNING_PHASE, 2),
+    (R.RUNNING_PHASE, ev(R.EV_RESIZE, 0, round=2, size=2, round_members=[0, 1]), 2, R.RUNNING_PHASE, 2),
+    (R.RUNNING_PHASE, ev(R.EV_RESIZE, 0, round=2, member=2, size=2, next_size=3), 2, R.STOPPING, 2),
     (R.RUNNING_PHASE, ev(R.EV_SUCCEEDED, 0, round=2), 2, R.FINISHED, 2),
     (R.STOPPING, ev(R.EV_FAILED, 0, round=2), 2, R.FAILED, 2),
     (R.JOINING, ev(R.EV_ROUND, 0, round="3"), 2, R.JOINING, 2),  # a round that is not a number moves nothing

@@ -33,7 +33,8 @@ TABLE = [
     # refused: give up in any phase
     *[(p, {"type": R.REFUSED, "reason": "wrong token"}, False, p, RND, [REFUSAL]) for p in m.PHASES],
     # go: only in joining, for its round
-    (m.JOINING, {"type": R.GO, "round": RND}, False, m.RUNNING, RND, [Do(m.START, round=RND)]),
+    (m.JOINING, {"type": R.GO, "round": RND}, False, m.RUNNING, RND,
+     [Do(m.START, round=RND, message={"type": R.GO, "round": RND})]),
     (m.JOINING, {"type": R.GO, "round": RND + 1}, False, m.JOINING, RND, []),
     (m.JOINING, {"type": R.GO, "round": RND - 1}, False, m.JOINING, RND, []),
     (m.HELLO, {"type": R.GO, "round": RND}, False, m.HELLO, RND, []),

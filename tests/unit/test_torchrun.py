@@ -183,13 +183,14 @@ def test_no_python_says_why():
 # --- --nnodes and --nproc-per-node --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text, nodes", [("1", 1), ("2", 2), ("4:4", 4), (" 3 ", 3)])
+@pytest.mark.parametrize("text, nodes", [("1", (1, 1)), ("2", (2, 2)), ("4:4", (4, 4)), (" 3 ", (3, 3)),
+                                         ("1:4", (1, 4)), ("2:3", (2, 3))])
 def test_nnodes(text, nodes):
     assert torchrun.parse_nnodes(text) == nodes
 
 
 @pytest.mark.parametrize("text, message", [
-    ("1:4", "--nnodes: '1:4' is an elastic range; monarch-spmd runs a fixed number of nodes"),
+    ("0:2", "--nnodes: '0:2' is not valid"),
     ("0", "--nnodes: '0' is not valid"),
     ("3:2", "--nnodes: '3:2' is not valid"),
     ("two", "--nnodes: 'two' is not valid; expected a number of nodes"),

@@ -143,6 +143,7 @@ def handle(p: Pass) -> bool:
         return False
     if _record_restarts(p, v):
         return True
+    _size(p, v)
     _running_again(p, v)
     _progress(p, v)
     _sight(p, v)
@@ -297,8 +298,12 @@ def _silent_loss(p: Pass, member: int) -> Mapping[str, Any] | None:
 
 def _node_lost(p: Pass, member: int, pod: PodInfo, how: str) -> Failure:
     node = pod.node or None
+    then = "the gang is recreated on other nodes"
+    if p.elastic and member != 0:
+        then = (f"the gang goes on without it (elastic, at least {p.spec.min_members} pods) while it is created "
+                "again; it joins the gang when it is placed")
     message = (f"the agent of pod {pod.name} went silent ({how}) while the pod still shows Running: its node "
-               f"{node or '(unknown)'} is lost, frozen or cut off; the gang is recreated on other nodes")
+               f"{node or '(unknown)'} is lost, frozen or cut off; {then}")
     return Failure(member * p.procs_per_pod, pod.name, node, None, REASON_NODE_LOST, message, False, True, True,
                    (1, "~", member))
 
@@ -361,6 +366,9 @@ def _record_restarts(p: Pass, v: CoordinatorView) -> bool:
             if age < wait:
                 p.requeue.append(wait - age)
                 return False
+        if event.get("reason") == rendezvous.REASON_MEMBERSHIP:
+            _membership_change(p, event)
+            continue
         f = _failure(p, event)
         nxt = int(event["next_round"])
         failed_round = _int(event.get("round"), nxt - 1)
@@ -403,6 +411,35 @@ def _record_restarts(p: Pass, v: CoordinatorView) -> bool:
     return False
 
 
+def _size(p: Pass, v: CoordinatorView) -> None:
+    """status.size of an elastic job: the pods of the newest round its coordinator started."""
+    if not p.elastic:
+        return
+    started = [e for e in v.started if isinstance(e.get("round_members"), list)]
+    if not started:
+        return
+    members = [m for m in started[-1]["round_members"] if isinstance(m, int) and not isinstance(m, bool)]
+    p.new["size"] = {"pods": len(members), "procs": len(members) * p.procs_per_pod, "members": members}
+
+
+def _membership_change(p: Pass, event: Mapping[str, Any]) -> None:
+    """An elastic gang restarts to take in a pod that is ready again (it grows): a disruption, not
+    a failure (status.failure keeps the last one)."""
+    nxt = int(event["next_round"])
+    disruptions = int(p.new.get("disruptions") or 0)
+    p.new["disruptions"] = disruptions + 1
+    member = _int(event.get("member"), 0) or 0
+    pod = p.current().get(member)
+    name = pod.name if pod is not None else names.pod_name(p.o.job, p.gang, member)
+    message = (f"pod {name} is ready: every rank restarts in place with it (restart {nxt}, the gang grows; a "
+               "membership change, not counted against maxRestarts)")
+    p.new.update(phase=RESTARTING, restarts=nxt, gangRestart=p.gang)
+    p.condition(RESTARTING, "True", "Resizing", message)
+    p.clear(RUNNING, "Resizing", f"the gang restarts in place with more pods (restart {nxt})")
+    p.event(EVENT_NORMAL, "Resizing", message)
+    p.restart = nxt
+
+
 def _running_again(p: Pass, v: CoordinatorView) -> None:
     """The current round's processes all run (``all_running``): the job is Running again."""
     if p.new.get("phase") != RESTARTING or not p.in_place_round:
@@ -414,7 +451,12 @@ def _running_again(p: Pass, v: CoordinatorView) -> None:
         return
     seconds = event.get("seconds_since_failure")
     after = f", {float(seconds):.1f}s after the failure" if isinstance(seconds, (int, float)) else ""
-    message = f"all {p.spec.world_size} procs are running again (restart {p.restart}, in place{after})"
+    size = p.new.get("size") if p.elastic else None
+    procs = f"all {p.spec.world_size} procs are"
+    if isinstance(size, Mapping) and size.get("procs") != p.spec.world_size:
+        procs = (f"the {size.get('procs')} procs of {size.get('pods')} of its {p.pods_per_attempt} pods (elastic, at "
+                 f"least {p.spec.min_members}) are")
+    message = f"{procs} running again (restart {p.restart}, in place{after})"
     p.new["phase"] = RUNNING
     p.condition(RUNNING, "True", "AllProcsRunning", message)
     p.clear(RESTARTING, "AllProcsRunning", f"restart {p.restart} is running")
@@ -456,6 +498,13 @@ def replace_lost(p: Pass, found: list[Failure]) -> bool:
         took = _takeover(p, index)
         if index != 0 and took is not None and (_int(took.get("round"), -1) or 0) >= (v.round or 0) - 1:
             continue  # a hot spare took its place (spares.tend adopts its pod)
+        if p.elastic and index != 0 and not f.permanent and f.reason in NODE_LOSS_REASONS and pod is not None \
+                and pod.name == f.pod:
+            # An elastic gang goes on without it: a new pod (a new name) is created for its place at
+            # once, the lost one deleted (it ends when its node answers); the agents never wait for it.
+            p.stop([pod])
+            todo.append(index)
+            continue
         if index == 0 or f.permanent or f.reason in NODE_LOSS_REASONS:
             return False
         if pod is not None and (pod.phase in (PENDING, SUCCEEDED, "Unknown") and not pod.deleting):

@@ -234,6 +234,11 @@ class Pass:
         """A restart in place was recorded since the gang's pods were created (restarts > gang)."""
         return self.in_place and self.restart > self.gang
 
+    @property
+    def elastic(self) -> bool:
+        """The job's rounds may run with fewer pods (mesh[0].minSize, restart in place)."""
+        return self.in_place and self.spec.min_members is not None
+
     def current(self) -> dict[int, PodInfo]:
         """The pods of the current gang, by index: of each index the newest (a pod replaced alone
         during a restart in place gives way to its replacement). Worked out once per gang."""
@@ -360,7 +365,9 @@ class Pass:
             replace=tuple(dict.fromkeys(self.replace)),
             replace_round=self.replace_round,
             disruptions=int(self.new.get("disruptions") or 0),
-            avoid_nodes=self.avoid_nodes() if self.create or self.replace or self.spares else (),
+            # An elastic job's pod replaced alone may go back to its node when that node returns
+            # (the gang grows back then); a recreated gang and spares keep off a lost node.
+            avoid_nodes=self.avoid_nodes() if self.create or self.spares or (self.replace and not self.elastic) else (),
             spares=tuple(dict.fromkeys(self.spares)),
             spare_restart=self.spare_restart,
             adopt=tuple(dict.fromkeys(self.adopt)),
