@@ -372,3 +372,53 @@ def test_a_hot_spare_takes_a_lost_pods_place_at_once_uncounted_and_a_new_spare_f
     log = c.pod_log(namespace, spare0)
     assert "hot spare 0 takes the place of member 2" in log and "train_steps rank 2 done restart 1" in log, log[-2000:]
     assert job["status"]["restarts"] == 1 and job["status"]["disruptions"] == 1
+
+
+def test_an_elastic_job_shrinks_when_a_pod_is_lost_and_grows_back_when_it_is_created_again(running_operator, namespace,
+                                                                                        tmp_path):
+    """mesh nodes=3 (minSize 2) x procs=2, PerHost, elasticWaitSeconds 15: pod 2 is deleted while the
+    gang trains; the next round runs with pods 0 and 1 after the wait (WORLD_SIZE 4), the operator creates
+    pod 2 again alone, and when it is ready every rank restarts with it (WORLD_SIZE 6), a
+    membership change that is not counted. The script reshards from its checkpoint each round and
+    ends with the model a fixed-size run would give. A replacement pod's init container holds it
+    until the test has seen the smaller gang train (as a node that takes a while to come back)."""
+    c = running_operator
+    name = "elastic"
+    m = job_manifest(name, [("nodes", 3), ("procs", 2)],
+                     ["-m", "monarch_spmd.examples.elastic_train", "--checkpoint-dir", str(tmp_path), "--steps", "300",
+                      "--step-seconds", "0.05"],
+                     podLayout="PerHost", restartPolicy={"maxRestarts": 1, "elasticWaitSeconds": 15})
+    m["spec"]["mesh"][0]["minSize"] = 2
+    gate = tmp_path / "replacement-may-start"
+    hold = ("import os, sys, time\n"
+            "while os.environ.get('REPLACEMENT') and not os.path.exists(sys.argv[1]):\n"
+            "    time.sleep(0.2)\n")
+    m["spec"]["template"]["spec"].update(terminationGracePeriodSeconds=5, initContainers=[{
+        "name": "hold", "image": "python:3.11-slim", "command": ["python3", "-c", hold, str(gate)],
+        "env": [{"name": "REPLACEMENT", "valueFrom": {"fieldRef": {
+            "fieldPath": f"metadata.labels['{names.LABEL_REPLACEMENT}']"}}}]}])
+    apply(c, namespace, m)
+    job = wait_phase(c, namespace, name, "Running", timeout=180)
+    ref = job_ref(job)
+    zero, lost = names.pod_name(ref, 0, 0), names.pod_name(ref, 0, 2)
+    wait_until(lambda: "world 6" in c.pod_log(namespace, zero, "trainer"), 120, "the gang training at full size")
+    c.kubectl("delete", "pod", lost, "-n", namespace, "--wait=false")
+    job = wait_job(c, namespace, name, lambda j: (j["status"].get("size") or {}).get("pods") == 2, timeout=120,
+                   what="a round of 2 pods")
+    assert job["status"]["size"] == {"pods": 2, "procs": 4, "members": [0, 1]}, job["status"]
+    wait_until(lambda: "world 4" in c.pod_log(namespace, zero, "trainer"), 120, "the smaller gang training")
+    gate.touch()  # pod 2's replacement may start
+    job = wait_job(c, namespace, name, lambda j: (j["status"].get("size") or {}).get("pods") == 3
+                   and j["status"].get("restarts", 0) >= 2, timeout=180, what="the gang grown back to 3 pods")
+    status = job["status"]
+    assert (status["restarts"], status["disruptions"], status.get("gangRestart")) == (2, 1, 0), \
+        [(e.reason, e.message) for e in job_events(c, namespace, name)]
+    assert status["failure"]["pod"] == lost and status["failure"]["reason"] == "PodDeleted", status["failure"]
+    assert "Resizing" in reasons(c, namespace, name)
+    replacement = names.pod_name(ref, 0, 2, 1)
+    job = wait_phase(c, namespace, name, "Succeeded", timeout=240)
+    log = c.pod_log(namespace, zero, "trainer")
+    done = re.search(r"elastic_train done at step 300: w matches a run at one fixed size \((.*)\)", log)
+    assert done and "4 ranks from step" in done.group(1) and "6 ranks from step" in done.group(1), log[-3000:]
+    starts = [json.loads(s)["env"] for s in re.findall(r"elastic_train start (\{.*\})", c.pod_log(namespace, replacement, "trainer"))]
+    assert {(e["RANK"], e["GROUP_RANK"], e["WORLD_SIZE"]) for e in starts} == {("4", "2", "6"), ("5", "2", "6")}, starts
