@@ -27,6 +27,10 @@ their jobs side by side under the same freeze, which is how the peers' 12-minute
 hour; their controllers are separate processes and their pods idle while they wait):
 
 - ``inplace``: SPMDJob, restartPolicy mode InPlace (the default), maxRestarts 0 (as the test);
+- ``elastic``: SPMDJob, InPlace, maxRestarts 0, made elastic as torchrun's ``--nnodes 1:2``
+  (mesh nodes 2, minSize 1, procs 1, PerHost, elasticWaitSeconds ELASTIC_WAIT, one pod per node):
+  rank 1 on the node frozen, the gang goes on with rank 0 alone; "training again" is rank 0
+  stepping in the new round (the only rank there is);
 - ``recreatepods``: SPMDJob, restartPolicy mode RecreatePods, maxRestarts 1;
 - ``jobset``: JobSet v0.12.0 (benchmarks/build-jobset.sh, run by benchmarks.cluster's
   JobSetOperator with its webhooks): one replicated job of 2 single-pod Jobs (backoffLimit 0),
@@ -71,9 +75,12 @@ from typing import Any
 from benchmarks.common import OUT_DIR, REPO, machine, machine_line, table, write_json
 from benchmarks.inplace_cluster import wait_for
 
-DEFAULT_SYSTEMS = "spare,inplace,recreatepods,jobset+pytorchjob"
-SYSTEMS = ("spare", "inplace", "recreatepods", "jobset", "pytorchjob")
-LABELS = {"spare": "SPMDJob InPlace, a hot spare", "inplace": "SPMDJob InPlace", "recreatepods": "SPMDJob RecreatePods",
+DEFAULT_SYSTEMS = "spare,elastic,inplace,recreatepods,jobset+pytorchjob"
+SYSTEMS = ("spare", "elastic", "inplace", "recreatepods", "jobset", "pytorchjob")
+#: The elastic job's restartPolicy.elasticWaitSeconds (torchrun's last call is 30 s by default).
+ELASTIC_WAIT = 5
+LABELS = {"spare": "SPMDJob InPlace, a hot spare", "elastic": f"SPMDJob InPlace, elastic 1:2 (shrinks; wait {ELASTIC_WAIT}s)",
+          "inplace": "SPMDJob InPlace", "recreatepods": "SPMDJob RecreatePods",
           "jobset": "JobSet v0.12.0", "pytorchjob": "PyTorchJob v1.9.3"}
 CAP_SECONDS = 720
 START_SECONDS = 300  # a job's both ranks training, from its creation
@@ -139,6 +146,24 @@ def spare_objects() -> list[dict[str, Any]]:
     job = objects[-1]
     job["spec"]["spares"] = 1
     job["spec"]["template"]["spec"]["affinity"] = SPREAD_RANKS(NAME)
+    return objects
+
+
+def elastic_objects() -> list[dict[str, Any]]:
+    """The test's SPMDJob made elastic, torchrun's --nnodes 1:2 --nproc-per-node 1: mesh nodes 2
+    (minSize 1) x procs 1, PerHost, one pod per node (a required anti-affinity), so the pod made in
+    place of the lost one waits for the lost node and the gang goes on with rank 0 alone."""
+    from tests.realnode.conftest import JOB_LABEL
+
+    objects = spmd_objects("InPlace")
+    job = objects[-1]
+    job["spec"]["podLayout"] = "PerHost"
+    job["spec"]["mesh"] = [{"name": "nodes", "size": 2, "minSize": 1}, {"name": "procs", "size": 1}]
+    job["spec"]["restartPolicy"]["elasticWaitSeconds"] = ELASTIC_WAIT
+    ranked = {"matchLabels": {JOB_LABEL: NAME}, "matchExpressions": [{"key": "spmd.monarch.dev/rank",
+                                                                       "operator": "Exists"}]}
+    job["spec"]["template"]["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"topologyKey": "kubernetes.io/hostname", "labelSelector": ranked}]}}
     return objects
 
 
@@ -299,11 +324,14 @@ class System:
     def attempt_tag(self, pod: Any) -> str:
         return ""
 
+    #: The ranks that train again after the loss (an elastic job's smaller gang: fewer).
+    ranks_after = frozenset({0, 1})
+
     def poll(self, t: float, wall: float, lost_node: str) -> None:
         job, pods = self.job(), self.pods()
         if self.running_at is None and self.running(job, wall):
             self.running_at = t
-        if self.training_at is None and self.training_ranks(pods, wall, lost_node) == {0, 1}:
+        if self.training_at is None and self.training_ranks(pods, wall, lost_node) == self.ranks_after:
             self.training_at = t
         if self.failed_at is None and self.failed(job):
             self.failed_at = t
@@ -382,6 +410,24 @@ class Spare(SpmdSystem):
         return f"{super().describe(job)} spares={spares.get('ready', 0)}/{spares.get('used', 0)}"
 
 
+class Elastic(SpmdSystem):
+    """An elastic job (nodes 1:2): rank 1 on the node to freeze (rank 0's loss would recreate the
+    gang); the gang goes on with rank 0 alone, in a new round (TORCHELASTIC_RESTART_COUNT 1)."""
+
+    name, mode = "elastic", "InPlace"
+    ranks_after = frozenset({0})
+
+    def objects(self) -> list[dict[str, Any]]:
+        return elastic_objects()
+
+    def placed_ok(self, pods: list[Any], lost_node: str) -> bool:
+        return any(self.rank(p) == 1 and p.spec.node_name == lost_node for p in pods)
+
+    def describe(self, job: dict[str, Any]) -> str:
+        size = (job.get("status") or {}).get("size") or {}
+        return f"{super().describe(job)} size={size.get('pods', '?')}"
+
+
 class JobSetSystem(System):
     name = "jobset"
     group, version, plural = "jobset.x-k8s.io", "v1alpha2", "jobsets"
@@ -443,7 +489,7 @@ class PyTorchJobSystem(System):
         return f"conditions={'+'.join(_true_conditions(s)) or '-'} {replicas}"
 
 
-KINDS: dict[str, type[System]] = {"spare": Spare, "inplace": InPlace, "recreatepods": RecreatePods,
+KINDS: dict[str, type[System]] = {"spare": Spare, "elastic": Elastic, "inplace": InPlace, "recreatepods": RecreatePods,
                                   "jobset": JobSetSystem, "pytorchjob": PyTorchJobSystem}
 
 

@@ -17,7 +17,8 @@ flag                                   ``run`` (this machine) / ``manifest`` (an
 =====================================  ====================================================
 ``--nnodes N`` (or ``N:N``)            the mesh's ``nodes``. ``run`` starts every node on
                                        this machine, as N hosts of the mesh. An elastic range
-                                       ``MIN:MAX`` is refused
+                                       ``MIN:MAX``: ``nodes`` is MAX and its ``minSize`` MIN
+                                       (rounds may run with MIN..MAX nodes)
 ``--nproc-per-node P``                 the mesh's ``procs``: an integer, or ``gpu`` (CUDA
                                        devices visible here; none is an error), ``cpu`` (CPUs
                                        this process may use, as torchrun counts them) or

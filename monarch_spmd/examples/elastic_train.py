@@ -5,10 +5,12 @@ standard library and torch only, no signal handler of its own.
 When a node is lost (or comes back) every rank is stopped and started again in a new round, with
 a new WORLD_SIZE, RANK and GROUP_RANK. What the script must do to carry on:
 
-1. **Keep the state in a checkpoint every rank can read**, and write it only from a complete step:
-   here rank 0 writes ``state.json`` into ``--checkpoint-dir`` after every step, to a temporary
-   file renamed over the old one (a rank stopped mid-write leaves the previous checkpoint). On a
-   cluster the directory is a volume every pod mounts.
+1. **Keep the state in a checkpoint that outlives the processes**, written only from a complete
+   step: here rank 0 writes ``state.json`` into ``--checkpoint-dir`` after every step, to a
+   temporary file renamed over the old one (a rank stopped mid-write leaves the previous
+   checkpoint). On every start rank 0 reads it and broadcasts it to the others, so only rank 0's
+   pod needs the directory (pod 0 is in every round); a volume every pod mounts (ReadWriteMany)
+   also survives the gang being recreated.
 2. **Reshard on every start, from WORLD_SIZE and RANK as they are now.** The global batch stays
    ``--global-batch`` samples per step whatever the size; rank r takes the samples i with
    ``i % WORLD_SIZE == r``. Gradients are summed over the ranks (all_reduce) and divided by the
@@ -87,18 +89,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-seconds", type=float, default=0.1)
     parser.add_argument("--report-every", type=int, default=10)
     opts = parser.parse_args(argv)
+    os.makedirs(opts.checkpoint_dir, exist_ok=True)
 
     import torch
     import torch.distributed as dist
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     path = os.path.join(opts.checkpoint_dir, "state.json")
-    state = load(path)
-    step, w = int(state["step"]), [float(v) for v in state["w"]]
+    state = load(path) if rank == 0 else {"step": 0, "w": [0.0] * DIM, "sizes": []}
     env = {k: os.environ.get(k) for k in REPORTED}
-    print("elastic_train start " + json.dumps({"env": env, "pid": os.getpid(), "step": step}, sort_keys=True),
+    print("elastic_train start " + json.dumps({"env": env, "pid": os.getpid(),
+                                                "step": state["step"] if rank == 0 else None}, sort_keys=True),
           flush=True)
     dist.init_process_group("gloo")
+    head = torch.tensor([float(state["step"]), *state["w"]], dtype=torch.float64)
+    dist.broadcast(head, 0)  # rank 0's checkpoint is everyone's state
+    step, w = int(head[0].item()), head[1:].tolist()
     sizes = list(state.get("sizes") or [])
     if not sizes or sizes[-1][1] != world:
         sizes.append([step, world])

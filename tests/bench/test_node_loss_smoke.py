@@ -36,6 +36,11 @@ def test_every_job_runs_the_node_loss_test_s_training_loop_on_the_real_nodes():
     term = spread["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
     assert term["labelSelector"]["matchExpressions"] == [{"key": "spmd.monarch.dev/rank", "operator": "Exists"}], \
         "the ranks spread; the spare, which has no rank, goes anywhere"
+    elastic = node_loss.elastic_objects()[1]["spec"]
+    assert elastic["mesh"] == [{"name": "nodes", "size": 2, "minSize": 1}, {"name": "procs", "size": 1}]
+    assert (elastic["podLayout"], elastic["restartPolicy"]) == ("PerHost", {"maxRestarts": 0, "elasticWaitSeconds": 5})
+    assert "requiredDuringSchedulingIgnoredDuringExecution" in elastic["template"]["spec"]["affinity"]["podAntiAffinity"], \
+        "one pod per node: the lost pod's replacement waits for its node, the gang shrinks"
     jobset = node_loss.jobset_objects()[1]
     env = {e["name"]: e for e in jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
            ["containers"][0]["env"]}

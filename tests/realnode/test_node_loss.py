@@ -225,3 +225,91 @@ def test_ten_restarts_in_place_leave_no_zombie_in_real_containers(real_cluster, 
         assert left >= {r for r in range(10) if r % 2 == rank}, (name, sorted(left), log[-3000:])
         final = re.search(r"leave_orphans restart 10: zombies (\d+) others (\[.*\])", log)
         assert final is not None and (final.group(1), final.group(2)) == ("0", "[]"), (name, log[-3000:])
+
+
+def _elastic_placed(cluster, namespace: str, name: str) -> tuple[dict, dict] | None:
+    """(pod 0, pod 1) once both run, each on its own node (a pod's rank label is its first rank)."""
+    pods = [p for p in job_pods(cluster, namespace, name) if not p.metadata.deletion_timestamp]
+    info = {(p.metadata.labels or {}).get("spmd.monarch.dev/rank"): {"name": p.metadata.name, "node": p.spec.node_name,
+                                                                     "phase": p.status.phase} for p in pods}
+    zero, one = info.get("0"), info.get("2")
+    if zero is None or one is None or zero["phase"] != "Running" or one["phase"] != "Running":
+        return None
+    return zero, one
+
+
+def _world(cluster, namespace: str, pod: str, world: int, attempt_at_least: int) -> bool:
+    """Rank 0's log shows a step at ``world`` ranks in a restart of at least ``attempt_at_least``."""
+    log = cluster.kubectl("logs", "-n", namespace, pod, check=False).stdout
+    starts = [json.loads(m) for m in re.findall(r"elastic_train start (\{.*\})", log)]
+    restart = max((int(s["env"]["TORCHELASTIC_RESTART_COUNT"]) for s in starts), default=-1)
+    return restart >= attempt_at_least and re.search(rf"elastic_train step \d+ world {world}\n(?![\s\S]*elastic_train start)",
+                                                     log) is not None
+
+
+def test_a_frozen_node_under_an_elastic_job_shrinks_it_trains_on_and_grows_back_when_the_node_returns(
+        real_cluster, real_namespace, tmp_path):
+    """mesh nodes 2 (minSize 1) x procs 2, maxRestarts 0, each pod on its own node (a required
+    anti-affinity): rank 1's node is frozen. The gang goes on with pod 0 alone (WORLD_SIZE 2) after
+    elasticWaitSeconds, resharding from the checkpoint; the pod created in place of the lost one
+    waits (it fits only where the lost pod still is); when the node returns, the lost pod ends, the
+    new one runs there and the gang grows back to WORLD_SIZE 4. Neither is a counted restart."""
+    name = "elastic"
+    operator_node = operator_pod(real_cluster).spec.node_name
+    script = (Path(__file__).resolve().parents[2] / "monarch_spmd" / "examples" / "elastic_train.py").read_text()
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    ckpt.chmod(0o777)
+    ranked = {"matchLabels": {JOB_LABEL: name}, "matchExpressions": [{"key": "spmd.monarch.dev/rank",
+                                                                       "operator": "Exists"}]}
+    one_per_node = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+        "topologyKey": "kubernetes.io/hostname", "labelSelector": ranked}]}}
+    placed = None
+    for _ in range(8):
+        job, extra = spmdjob(name, 2, ["/opt/train/train.py", "--checkpoint-dir", "/ckpt", "--steps", "100000",
+                                       "--step-seconds", "0.2", "--report-every", "1"], STOCK_IMAGE, script=script,
+                             restartPolicy={"maxRestarts": 0, "elasticWaitSeconds": 5}, rendezvousTimeoutSeconds=120,
+                             podLayout="PerHost")
+        job["spec"]["mesh"] = [{"name": "nodes", "size": 2, "minSize": 1}, {"name": "procs", "size": 2}]
+        pod = job["spec"]["template"]["spec"]
+        pod.update(affinity=one_per_node, terminationGracePeriodSeconds=5)
+        pod["volumes"].append({"name": "ckpt", "hostPath": {"path": str(ckpt), "type": "Directory"}})
+        pod["containers"][0]["volumeMounts"].append({"name": "ckpt", "mountPath": "/ckpt"})
+        apply(real_cluster, real_namespace, *extra, job)
+        placed = wait_until(lambda: _elastic_placed(real_cluster, real_namespace, name), 240, "both pods running",
+                            diagnose=lambda: _diagnose(real_cluster, real_namespace, name))
+        if placed[0]["node"] == operator_node:
+            break
+        real_cluster.kubectl("delete", "spmdjob", name, "-n", real_namespace, "--wait=true", timeout=120)
+        wait_until(lambda: not job_pods(real_cluster, real_namespace, name), 120, "the job's pods gone")
+    assert placed is not None and placed[0]["node"] == operator_node, "rank 0 kept landing off the operator's node"
+    zero, one = placed
+    wait_until(lambda: _world(real_cluster, real_namespace, zero["name"], 4, 0), 180, "training at 4 ranks",
+               diagnose=lambda: _diagnose(real_cluster, real_namespace, name))
+    lost = real_cluster.real.names.index(one["node"])
+    frozen_at = time.monotonic()
+    real_cluster.real.freeze(lost)
+    try:
+        wait_until(lambda: _world(real_cluster, real_namespace, zero["name"], 2, 1), 120,
+                   "pod 0's ranks training alone (2 ranks)", diagnose=lambda: _diagnose(real_cluster, real_namespace, name))
+        shrunk = time.monotonic() - frozen_at
+        status = get_job(real_cluster, real_namespace, name)["status"]
+        assert (status["size"], status["disruptions"], status.get("gangRestart")) == (
+            {"pods": 1, "procs": 2, "members": [0]}, 1, 0), status
+        assert (status["failure"]["reason"], status["failure"]["pod"]) == ("NodeLost", one["name"]), status["failure"]
+        replacement = [p for p in job_pods(real_cluster, real_namespace, name)
+                       if (p.metadata.labels or {}).get("spmd.monarch.dev/replacement") == "1"]
+        assert replacement and replacement[0].status.phase == "Pending", "pod 1 created again, waiting for a node"
+    finally:
+        real_cluster.real.thaw(lost)
+    thawed_at = time.monotonic()
+    wait_until(lambda: _world(real_cluster, real_namespace, zero["name"], 4, 2), 300,
+               "the gang grown back to 4 ranks after the node returned",
+               diagnose=lambda: _diagnose(real_cluster, real_namespace, name))
+    grown = time.monotonic() - thawed_at
+    status = get_job(real_cluster, real_namespace, name)["status"]
+    assert (status["size"]["pods"], status["restarts"], status["disruptions"], status["phase"]) == (
+        2, 2, 2, "Running"), status
+    print(f"\nelastic job, node frozen: training on at 2 ranks {shrunk:.1f}s after the freeze; grown back to 4 ranks "
+          f"{grown:.1f}s after the node returned")
+    assert shrunk < 60, f"training again {shrunk:.1f}s after the freeze"
