@@ -185,8 +185,9 @@ MAX_OUTPUT_LINE: Final = 512
 MAX_HISTORY_BYTES: Final = 512 * 1024
 #: Rows of a running or exited message (processes per member), at most.
 MAX_PROCS: Final = 4096
-#: Spares of one gang, at most (a spare's index is below it).
-MAX_SPARES: Final = 1024
+#: The largest spare index a hello may carry (the spec allows far fewer spares per job,
+#: spec.MAX_SPARES; a spare made after others were used gets a new index).
+MAX_SPARE_INDEX: Final = 1023
 #: The largest round, rank, pid or member id accepted.
 MAX_INT: Final = (1 << 31) - 1
 #: A node name, incarnation, reason or signal name, in characters, at most.
@@ -305,7 +306,7 @@ def check_hello(message: Mapping[str, Any], members: int) -> dict[str, Any]:
                    disruptions=_int(message, "disruptions", 0, MAX_INT, optional=True) or 0,
                    node=_str(message, "node", MAX_NAME) or "")
     elif role == ROLE_SPARE:
-        out.update(spare=_int(message, "spare", 0, MAX_SPARES - 1), incarnation=_str(message, "incarnation", 64) or "",
+        out.update(spare=_int(message, "spare", 0, MAX_SPARE_INDEX), incarnation=_str(message, "incarnation", 64) or "",
                    node=_str(message, "node", MAX_NAME) or "")
     return out
 

@@ -530,7 +530,7 @@ def read_inputs(environ: Mapping[str, str]) -> WorkerInputs:
     # A PerHost worker has a coordinate on every dimension but the last (none for a 1-D mesh).
     want = len(mesh) - 1 if layout == PER_HOST else len(mesh)
     raw_coords = environ.get(COORDS_VAR, "").strip()
-    spare = _int_var(environ, SPARE_VAR, -1, 0, rendezvous.MAX_SPARES - 1) if environ.get(SPARE_VAR, "").strip() else None
+    spare = _int_var(environ, SPARE_VAR, -1, 0, rendezvous.MAX_SPARE_INDEX) if environ.get(SPARE_VAR, "").strip() else None
     if spare is not None and not raw_coords:
         raw_coords = ",".join("0" * want)  # none until it takes a member's place
     if not raw_coords and want:

@@ -83,7 +83,7 @@ def test_a_spare_of_a_finished_gang_is_told_so():
 
 
 @pytest.mark.parametrize("hello, words", [
-    ({"role": "spare", "versions": [1], "spare": rv.MAX_SPARES}, "hello.spare: '1024' is not valid"),
+    ({"role": "spare", "versions": [1], "spare": rv.MAX_SPARE_INDEX + 1}, "hello.spare: '1024' is not valid"),
     ({"role": "spare", "versions": [1], "spare": "0"}, "hello.spare: '0' is not valid"),
     ({"role": "spare", "versions": [1]}, "hello.spare: 'None' is not valid"),
     ({"role": "sparrow", "versions": [1]}, "hello.role: 'sparrow' is not valid; expected one of member, observer, spare"),

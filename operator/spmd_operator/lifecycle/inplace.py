@@ -233,7 +233,7 @@ def _failure(p: Pass, event: Mapping[str, Any]) -> Failure:
     if took is not None:
         return _taken_over(p, member, event, took)
     if event.get("reason") == REASON_MEMBER_LOST and pod is not None and _alive(pod):
-        silent = _silent_loss(p, member)
+        silent = silent_loss(p, member)
         if silent is not None:
             return _node_lost(p, member, pod, str(silent.get("reason")))
     if event.get("reason") == REASON_MEMBER_LOST:
@@ -274,7 +274,7 @@ def _taken_over(p: Pass, member: int, event: Mapping[str, Any], took: Mapping[st
              and g.name != spare_pod]
     lost = max(older, key=lambda g: g.replacement) if older else None
     name = lost.name if lost is not None else names.pod_name(p.o.job, p.gang, member)
-    silent = event.get("reason") == REASON_MEMBER_LOST and _silent_loss(p, member) is not None
+    silent = event.get("reason") == REASON_MEMBER_LOST and silent_loss(p, member) is not None
     reason = REASON_NODE_LOST if silent else REASON_MEMBER_LOST
     message = (f"{event.get('message') or f'the agent of pod {name} is gone'}; hot spare pod {spare_pod} took its "
                f"place (on node {took.get('node') or '?'})")
@@ -287,7 +287,7 @@ def _alive(pod: PodInfo) -> bool:
     return pod.phase == RUNNING and not pod.deleting and not pod.disrupted
 
 
-def _silent_loss(p: Pass, member: int) -> Mapping[str, Any] | None:
+def silent_loss(p: Pass, member: int) -> Mapping[str, Any] | None:
     """The coordinator's newest ``lost`` event of ``member`` whose agent fell silent, if any."""
     v = view(p)
     if v is None:
@@ -362,7 +362,7 @@ def _record_restarts(p: Pass, v: CoordinatorView) -> bool:
             received = event.get("received")
             age = p.now.timestamp() - received if isinstance(received, (int, float)) else LOST_WAIT_SECONDS
             # A member that fell silent: its pod may yet say why (its node is taken as lost if not).
-            wait = NODE_LOST_WAIT_SECONDS if _silent_loss(p, member) is not None else LOST_WAIT_SECONDS
+            wait = NODE_LOST_WAIT_SECONDS if silent_loss(p, member) is not None else LOST_WAIT_SECONDS
             if age < wait:
                 p.requeue.append(wait - age)
                 return False

@@ -51,6 +51,10 @@ def tend(p: Pass) -> None:
     waiting = {s.spare: s for s in o.spares if s.restart == gang and s.spare is not None and not s.deleting}
     used = set(waiting)
     for member, event in taken.items():
+        silent = inplace.silent_loss(p, member)
+        recent = isinstance(event.get("round"), int) and v is not None and event["round"] >= (v.round or 0) - 1
+        if silent is not None and silent.get("node") and recent:
+            p.lost_nodes.add(str(silent["node"]))  # its node froze just now: the next spare keeps off it
         spare = event.get("spare")
         if not isinstance(spare, int) or isinstance(spare, bool):
             continue

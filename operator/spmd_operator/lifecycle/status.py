@@ -198,6 +198,9 @@ class Pass:
         self.spares: list[int] = []
         self.spare_restart = 0
         self.adopt: list[tuple[str, int, int]] = []
+        #: Nodes lost under this gang that the pods created in this pass keep off besides the
+        #: current failure's (a member whose place a spare took, before its restart is recorded).
+        self.lost_nodes: set[str] = set()
         self._current: tuple[int, dict[int, PodInfo]] | None = None
 
     # --- views of the observed pods --------------------------------------------------------
@@ -374,10 +377,14 @@ class Pass:
         )
 
     def avoid_nodes(self) -> tuple[str, ...]:
-        """The node the current failure was lost with (reason NodeLost), for the pods created."""
+        """The node the current failure was lost with (reason NodeLost), and :attr:`lost_nodes`,
+        for the pods created."""
         failure = self.new.get("failure") or {}
         node = failure.get("node")
-        return (str(node),) if failure.get("reason") == REASON_NODE_LOST and node else ()
+        nodes = set(self.lost_nodes)
+        if failure.get("reason") == REASON_NODE_LOST and node:
+            nodes.add(str(node))
+        return tuple(sorted(nodes))
 
     def new_gang(self) -> int:
         """The attempt of the gang the status this pass writes names (gangRestart, else restarts)."""

@@ -100,3 +100,23 @@ def test_a_spare_pod_is_a_member_pod_without_a_place_and_adoption_gives_it_one()
     info = pod_info(adopted)
     assert (info.spare, info.rank, info.replacement) == (None, 3, 1)
     assert builders.build_podgroup(JOB, s, 0)["spec"]["minMember"] == 4 + 2, "the gang's admission counts the spares"
+
+
+def test_the_spare_made_when_a_frozen_nodes_pod_was_taken_over_keeps_off_that_node():
+    """The pass that sees the takeover makes the next spare before the restart is recorded as
+    NodeLost (its pod's state is waited for): the lost member's silence is enough to keep the new
+    spare off the frozen node, which the scheduler still takes for Ready."""
+    st = status("Running")
+    silent = {"type": "lost", "seq": 7, "time": T - 1, "round": 0, "member": 2, "reason": "HeartbeatTimeout",
+              "node": "node-2", "received": T - 1}
+    lost = restart_event(rank=None, member=2, code=None, reason="MemberLost", tail=[],
+                         message="member 2's agent is gone (HeartbeatTimeout)", received=T - 0.5)
+    coordinator = dataclasses.replace(view(round_=1, phase="joining", restarts=[lost]), takeovers=(takeover(),),
+                                      lost=(silent,), spares_ready=0)
+    plan = run(s=spec(spares=1, restartPolicy={"maxRestarts": 0}), st=st, pods=gang("Running"), spares=[spare(0)],
+               coordinator=coordinator)
+    assert plan.spares == (1,) and plan.avoid_nodes == ("node-2",)
+    left = dataclasses.replace(coordinator, lost=(dict(silent, reason="Left"),))
+    plan = run(s=spec(spares=1, restartPolicy={"maxRestarts": 0}), st=st, pods=gang("Running"), spares=[spare(0)],
+               coordinator=left)
+    assert plan.spares == (1,) and plan.avoid_nodes == (), "a member that left said why: its node is fine"
