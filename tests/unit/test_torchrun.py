@@ -8,7 +8,7 @@ import copy
 
 import pytest
 
-from monarch_spmd import spec, torchrun
+from monarch_spmd import runner, spec, torchrun
 from monarch_spmd.torchrun import CLUSTER, LOCAL, TorchrunError, parse, plan
 
 
@@ -358,3 +358,14 @@ def test_the_manifest_writes_torchruns_default_restarts_and_gpus_from_gpu():
     assert "gpusPerProc" not in torchrun.manifest(cluster("--nproc-per-node", "gpu", "x.py", gpus=4), name="x", image="i",
                                                   gpus_per_proc=0)["spec"]
     assert spec.check_manifest(gpu)[1] == []
+
+
+def test_an_elastic_range_becomes_the_meshs_min_size_on_the_cluster_and_locally():
+    doc = torchrun.manifest(cluster("--nnodes", "2:4", "--nproc-per-node", "8", "-m", "train"), name="t", image="i")
+    assert doc["spec"]["mesh"] == [{"name": "nodes", "size": 4, "minSize": 2}, {"name": "procs", "size": 8}]
+    parsed = spec.load_manifest(doc).spec
+    assert (parsed.min_members, parsed.world_size) == (2, 32)
+    fixed = torchrun.manifest(cluster("--nnodes", "3:3", "-m", "train"), name="t", image="i")
+    assert fixed["spec"]["mesh"][0] == {"name": "nodes", "size": 3}, "N:N is a fixed size"
+    job = runner.job_from_args("nodes=3,procs=2", ["-m", "train"], min_nodes=1, pod_layout="PerHost")
+    assert job.spec.min_members == 1 and job.spec.mesh[0].size == 3
