@@ -21,6 +21,10 @@ Pictures, in ``benchmarks/plots/``:
   podReplacementPolicy (medians of the newest run).
 - ``launch_overhead.png``: seconds from launch to the end of a short gloo job against the number
   of procs, for the local runner, torchrun, Monarch and a plain ``subprocess`` launcher.
+- ``node_loss.png``: a real node frozen under each system's job, seconds from the freeze until the
+  job runs again and until every rank trains again (medians); a system that did not recover is a
+  hatched bar to the cap. From ``benchmarks/out/node_loss.json`` (the medians of
+  :func:`benchmarks.node_loss.render`'s table) or RESULTS.md's table of the systems.
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ class Table:
     Attributes:
         header: the column names.
         rows: the cells of each row, as text.
-        section: the benchmark it belongs to (``operator_scale``, ``gang_restart``, ``launch_overhead``).
+        section: the benchmark it belongs to (``operator_scale``, ``gang_restart``, ``launch_overhead``,
+            ``node_loss``).
         loaded: whether it was measured on a loaded machine (the text before it says so).
         source: where it comes from (a file, and the table's line).
     """
@@ -75,6 +80,8 @@ def section_of(header: Sequence[str]) -> str | None:
         return "gang_restart"
     if "launcher" in header and "median s" in header:
         return "launch_overhead"
+    if "system" in header and "every rank training again s" in header:
+        return "node_loss"
     return None
 
 
@@ -124,8 +131,8 @@ def _printed_above_table(line: str) -> bool:
 
 
 def number(cell: str) -> float | None:
-    """The first number of a cell (``"18.65 (1.01x)"`` -> 18.65), or None (``"-"``)."""
-    m = re.match(r"\s*(-?[0-9][0-9,]*(?:\.[0-9]+)?)", cell or "")
+    """The first number of a cell (``"18.65 (1.01x)"`` -> 18.65, ``"**11.0**"`` -> 11.0), or None (``"-"``)."""
+    m = re.match(r"\s*\**(-?[0-9][0-9,]*(?:\.[0-9]+)?)", cell or "")
     return float(m.group(1).replace(",", "")) if m else None
 
 
@@ -143,11 +150,15 @@ def tables_from_results(path: Path = RESULTS) -> list[Table]:
 
 
 def tables_from_json(out_dir: Path) -> list[Table]:
-    """The tables of every benchmarks/out/*.json, rendered by the benchmark that wrote it."""
-    from benchmarks import report
+    """The tables of every benchmarks/out/*.json, rendered by the benchmark that wrote it: those
+    :mod:`benchmarks.report` prints, and node_loss.json (its report is its own: ``benchmarks.node_loss
+    --render``)."""
+    from benchmarks import node_loss, report
 
+    renders = [(name, render) for name, _, render in report.SECTIONS]
+    renders.append(("node_loss", lambda result: node_loss.render(result, timelines=False)))
     tables: list[Table] = []
-    for name, _, render in report.SECTIONS:
+    for name, render in renders:
         path = out_dir / f"{name}.json"
         if path.exists():
             tables.extend(read_tables(render(json.loads(path.read_text())), path.name))
@@ -285,6 +296,88 @@ def launch_overhead_figure(tables: Sequence[Table], path: Path) -> Path:
     return _save(fig, path)
 
 
+#: The two figures of a lost node, by how their columns end (RESULTS.md: "job running again s";
+#: benchmarks.node_loss: "running again s"), with their colours.
+NODE_LOSS_STEPS: Final = (("running again s", "job running again", "#9ecae1"),
+                          ("training again s", "every rank training again", "#1f77b4"))
+#: The cap drawn (the dashed line) when no system's cell gives one (benchmarks.node_loss's --cap).
+NODE_LOSS_CAP: Final = 720.0
+
+
+def node_loss_medians(table: Table) -> list[tuple[str, list[str]]]:
+    """Each system of a node-loss table with its two cells (running again, training again), in the
+    table's order: every row of RESULTS.md's table, the "median of N" rows of the one
+    :func:`benchmarks.node_loss.render` prints (its other rows are single runs)."""
+    systems = []
+    for record in table.records:
+        system = record.get("system", "")
+        if "run" in table.header:
+            median = re.fullmatch(r"\*\*(.+): median of \d+\*\*", system)
+            if median is None:
+                continue
+            system = median.group(1)
+        cells = [next((v for k, v in record.items() if k.endswith(suffix)), "") for suffix, _, _ in NODE_LOSS_STEPS]
+        systems.append((system.replace("**", "").replace("`", ""), cells))
+    return systems
+
+
+def not_recovered(cell: str) -> float | None:
+    """The cap of a cell that says the job did not recover (``"did not recover in 720 s"`` -> 720), or None."""
+    m = re.search(r"did not recover in ([0-9]+(?:\.[0-9]+)?)", cell or "")
+    return float(m.group(1)) if m else None
+
+
+def node_loss_figure(tables: Sequence[Table], path: Path) -> Path:
+    """Seconds from a node's freeze until each system's job runs again and every rank trains again
+    (the newest table's medians), a bar pair per system; one that did not recover: hatched, to the cap."""
+    import textwrap
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import NullLocator
+
+    table = next(t for t in tables if t.section == "node_loss")
+    systems = node_loss_medians(table)
+    fig, ax = plt.subplots(figsize=(11, 1.6 + 0.75 * len(systems)))
+    height = 0.38
+    caps = [c for _, cells in systems for c in map(not_recovered, cells) if c is not None]
+    cap = max(caps, default=NODE_LOSS_CAP)
+    seconds_drawn = [cap]
+    for y, (system, cells) in enumerate(systems):
+        for k, ((_, label, colour), cell) in enumerate(zip(NODE_LOSS_STEPS, cells)):
+            at = y + (k - 0.5) * height
+            seconds, lost = number(cell), not_recovered(cell)
+            if lost is not None:
+                ax.barh(at, lost, height, color=colour, hatch="//", edgecolor="white")
+                ax.annotate(f"did not recover in {lost:g} s", (lost, at), xytext=(4, 0), textcoords="offset points",
+                            va="center", fontsize=8)
+            elif seconds is not None:
+                ax.barh(at, seconds, height, color=colour)
+                ax.annotate(f"{seconds:.1f} s", (seconds, at), xytext=(4, 0), textcoords="offset points",
+                            va="center", fontsize=8)
+                seconds_drawn.append(seconds)
+    ax.set_xscale("log")
+    left = min(1.0, *(s / 2 for s in seconds_drawn))
+    ax.set_xlim(left, cap * 6)
+    ticks = [t for t in (1, 3, 10, 30, 100, 300) if left <= t < cap * 0.8] + [cap]
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.axvline(cap, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_yticks(range(len(systems)), [textwrap.fill(system, 44) for system, _ in systems], fontsize=9)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"seconds from the freeze (log scale; dashed: the {cap:g} s cap)")
+    ax.set_title("A frozen node: seconds until the job trains again (medians)", fontsize=11)
+    handles = [Patch(color=colour, label=label) for _, label, colour in NODE_LOSS_STEPS]
+    handles.append(Patch(facecolor="grey", hatch="//", edgecolor="white", label="did not recover (drawn to the cap)"))
+    ax.legend(handles=handles, frameon=False, fontsize=8, loc="upper right")
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 def _save(fig: Any, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
@@ -296,7 +389,7 @@ def _save(fig: Any, path: Path) -> Path:
 
 
 FIGURES: Final = (("operator_scale", operator_scale_figure), ("gang_restart", gang_restart_figure),
-                  ("launch_overhead", launch_overhead_figure))
+                  ("launch_overhead", launch_overhead_figure), ("node_loss", node_loss_figure))
 
 
 def draw(tables: Sequence[Table], out_dir: Path = PLOTS_DIR) -> list[Path]:

@@ -99,6 +99,13 @@ class Gang:
             self.start(i)
         return self
 
+    def stop_all(self) -> None:
+        """Ends every worker still running (SIGTERM to its process group) and waits until they are gone."""
+        for w in self.workers.values():
+            if w.proc.poll() is None:
+                os.killpg(w.proc.pid, signal.SIGTERM)
+        wait_dead({w.proc.pid for w in self.workers.values()}, 30)
+
     def observed(self) -> Events:
         """Starts the gang with an observer connected before any member but the coordinator's
         runs: a gang that fails at once ends its coordinator, so an observer that connected only

@@ -16,7 +16,6 @@ import signal
 
 from monarch_spmd.payload import rendezvous
 
-from .conftest import wait_dead
 from .test_agent import Gang
 
 WAIT = "2"
@@ -91,8 +90,5 @@ def test_an_elastic_gang_shrinks_when_a_member_is_lost_and_grows_back_when_it_re
         assert done, text[-3000:]
         assert "4 ranks from step" in done.group(1) and done.group(1).count("6 ranks from step") == 2, done.group(1)
     finally:
-        for w in gang.workers.values():
-            if w.proc.poll() is None:
-                os.killpg(w.proc.pid, signal.SIGTERM)
-        wait_dead({w.proc.pid for w in gang.workers.values()}, 30)
+        gang.stop_all()
         events.close()

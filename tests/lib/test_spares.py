@@ -16,7 +16,6 @@ from pathlib import Path
 
 from monarch_spmd.payload import rendezvous
 
-from .conftest import wait_dead
 from .test_agent import PROGRAMS, Gang
 
 SPARE = {"MONARCH_SPMD_SPARE": "0", "MONARCH_SPMD_COORDS": ""}
@@ -72,10 +71,7 @@ def test_a_stranger_without_the_token_is_no_spare_and_takes_no_place(spawn, tmp_
         gang.start(1, MONARCH_SPMD_RESTART_COUNT="1")  # what the operator does without a spare
         events.wait(rendezvous.EV_ALL_RUNNING, count=2)
     finally:
-        for w in gang.workers.values():
-            if w.proc.poll() is None:
-                os.killpg(w.proc.pid, signal.SIGTERM)
-        wait_dead({w.proc.pid for w in gang.workers.values()}, 30)
+        gang.stop_all()
         events.close()
 
 
