@@ -758,8 +758,8 @@ class Coordinator:
         if round_ != self.round or member not in self.incarnations:
             return []
         out = [self._event(EV_EXITED, member=member, procs=procs)]
-        if self.phase != RUNNING_PHASE:
-            return out
+        if self.phase != RUNNING_PHASE or member not in self.round_members:
+            return out  # an elastic gang's member outside the round has nothing of it to end
         # An exit the member did not report as a failure first is one; a process it stopped on its
         # own (for a hang's stacks) is one too unless the gang's capture is under way.
         bad = [p for p in procs if p.get("exit_code") and (not p.get("stopped") or self.capture is None)]
@@ -769,8 +769,6 @@ class Coordinator:
             return out
         if self.capture is not None:
             return out  # its ranks ended for their stacks: the verdict follows
-        if member not in self.round_members:
-            return out
         self.done.add(member)
         if self.done >= self.round_members:
             self.phase = FINISHED

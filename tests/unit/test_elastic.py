@@ -237,3 +237,13 @@ def test_bad_elastic_inputs_are_refused_naming_the_variable(env, needle):
     base.update(env)
     with pytest.raises(worker.WorkerInputError, match=needle):
         worker.read_inputs(base)
+
+
+def test_an_exit_reported_by_a_member_outside_the_round_is_no_failure_of_it():
+    c = machine(minimum=2)
+    join(c, [0, 1], 1.0)
+    c.tick(11.0)
+    run(c, 12.0)
+    c.hello(2, "inc-2", 12.5)
+    outs = c.exited(2, 0, [{"rank": 4, "exit_code": 1}], 13.0)
+    assert events(outs, rv.EV_FAILURE) == [] and c.phase == rv.RUNNING_PHASE and c.failures == []
