@@ -59,9 +59,9 @@ def process_queue(kueue_cluster, namespace):
 
 def elastic_job(name: str, queue: str, checkpoints: str, gate: str) -> dict:
     m = job_manifest(name, [("nodes", 3), ("procs", 1)],
-                     ["-m", "monarch_spmd.examples.elastic_train", "--checkpoint-dir", checkpoints, "--steps", "400",
+                     ["-m", "monarch_spmd.examples.elastic_train", "--checkpoint-dir", checkpoints, "--steps", "200",
                       "--step-seconds", "0.05"],
-                     podLayout="PerHost", restartPolicy={"maxRestarts": 1, "elasticWaitSeconds": 15},
+                     podLayout="PerHost", restartPolicy={"maxRestarts": 1, "elasticWaitSeconds": 10},
                      scheduling={"provider": "Kueue", "queue": queue})
     m["spec"]["mesh"][0]["minSize"] = 2
     pod = m["spec"]["template"]["spec"]

@@ -376,7 +376,7 @@ def test_a_hot_spare_takes_a_lost_pods_place_at_once_uncounted_and_a_new_spare_f
 
 def test_an_elastic_job_shrinks_when_a_pod_is_lost_and_grows_back_when_it_is_created_again(running_operator, namespace,
                                                                                         tmp_path):
-    """mesh nodes=3 (minSize 2) x procs=2, PerHost, elasticWaitSeconds 15: pod 2 is deleted while the
+    """mesh nodes=3 (minSize 2) x procs=2, PerHost, elasticWaitSeconds 10: pod 2 is deleted while the
     gang trains; the next round runs with pods 0 and 1 after the wait (WORLD_SIZE 4), the operator creates
     pod 2 again alone, and when it is ready every rank restarts with it (WORLD_SIZE 6), a
     membership change that is not counted. The script reshards from its checkpoint each round and
@@ -385,9 +385,9 @@ def test_an_elastic_job_shrinks_when_a_pod_is_lost_and_grows_back_when_it_is_cre
     c = running_operator
     name = "elastic"
     m = job_manifest(name, [("nodes", 3), ("procs", 2)],
-                     ["-m", "monarch_spmd.examples.elastic_train", "--checkpoint-dir", str(tmp_path), "--steps", "300",
+                     ["-m", "monarch_spmd.examples.elastic_train", "--checkpoint-dir", str(tmp_path), "--steps", "200",
                       "--step-seconds", "0.05"],
-                     podLayout="PerHost", restartPolicy={"maxRestarts": 1, "elasticWaitSeconds": 15})
+                     podLayout="PerHost", restartPolicy={"maxRestarts": 1, "elasticWaitSeconds": 10})
     m["spec"]["mesh"][0]["minSize"] = 2
     gate = tmp_path / "replacement-may-start"
     hold = ("import os, sys, time\n"
@@ -418,7 +418,7 @@ def test_an_elastic_job_shrinks_when_a_pod_is_lost_and_grows_back_when_it_is_cre
     replacement = names.pod_name(ref, 0, 2, 1)
     job = wait_phase(c, namespace, name, "Succeeded", timeout=240)
     log = c.pod_log(namespace, zero, "trainer")
-    done = re.search(r"elastic_train done at step 300: w matches a run at one fixed size \((.*)\)", log)
+    done = re.search(r"elastic_train done at step 200: w matches a run at one fixed size \((.*)\)", log)
     assert done and "4 ranks from step" in done.group(1) and "6 ranks from step" in done.group(1), log[-3000:]
     starts = [json.loads(s)["env"] for s in re.findall(r"elastic_train start (\{.*\})", c.pod_log(namespace, replacement, "trainer"))]
     assert {(e["RANK"], e["GROUP_RANK"], e["WORLD_SIZE"]) for e in starts} == {("4", "2", "6"), ("5", "2", "6")}, starts
