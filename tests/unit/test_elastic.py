@@ -45,6 +45,15 @@ def run(c: Coordinator, now: float) -> list:
     return outs
 
 
+def small_round(minimum: int = 2) -> Coordinator:
+    """A gang of 4 whose round 0 runs with members 0 and 1 (the others never came in time)."""
+    c = machine(minimum=minimum)
+    join(c, [0, 1], 1.0)
+    c.tick(11.0)
+    run(c, 12.0)
+    return c
+
+
 def test_a_fixed_size_gang_sees_nothing_new():
     c = machine(members=3, minimum=0)
     assert not c.elastic
@@ -146,10 +155,7 @@ def test_a_member_ready_while_a_smaller_round_runs_grows_the_gang_as_a_membershi
 
 
 def test_a_waiting_member_lost_is_no_failure_of_the_running_round():
-    c = machine(minimum=2)
-    join(c, [0, 1], 1.0)
-    c.tick(11.0)
-    run(c, 12.0)
+    c = small_round()
     c.hello(3, "inc-3", 13.0)
     c.join(3, 1, 13.0)  # grows: the round stops
     assert c.phase == rv.STOPPING
@@ -171,20 +177,14 @@ def test_a_failure_of_a_member_not_in_the_round_is_ignored():
 
 
 def test_the_round_finishes_when_its_members_succeeded():
-    c = machine(minimum=2)
-    join(c, [0, 1], 1.0)
-    c.tick(11.0)
-    run(c, 12.0)
+    c = small_round()
     c.exited(0, 0, [{"rank": 0, "exit_code": 0}], 13.0)
     outs = c.exited(1, 0, [{"rank": 2, "exit_code": 0}], 13.0)
     assert events(outs, rv.EV_SUCCEEDED) and c.phase == rv.FINISHED
 
 
 def test_a_hang_capture_waits_only_for_the_members_in_the_round():
-    c = machine(minimum=2)
-    join(c, [0, 1], 1.0)
-    c.tick(11.0)
-    run(c, 12.0)
+    c = small_round()
     c.hello(3, "inc-3", 12.5)  # connected, not joined: no processes to freeze
     c.hang(1, 0, {"rank": 2, "reason": rv.REASON_NO_PROGRESS, "message": "silent"}, 13.0)
     c.frozen(0, 0, 13.1)
@@ -240,10 +240,7 @@ def test_bad_elastic_inputs_are_refused_naming_the_variable(env, needle):
 
 
 def test_an_exit_reported_by_a_member_outside_the_round_is_no_failure_of_it():
-    c = machine(minimum=2)
-    join(c, [0, 1], 1.0)
-    c.tick(11.0)
-    run(c, 12.0)
+    c = small_round()
     c.hello(2, "inc-2", 12.5)
     outs = c.exited(2, 0, [{"rank": 4, "exit_code": 1}], 13.0)
     assert events(outs, rv.EV_FAILURE) == [] and c.phase == rv.RUNNING_PHASE and c.failures == []
