@@ -984,7 +984,7 @@ class Agent:
         self.failure_sent = False
         group = None
         if isinstance(listed, list) and all(isinstance(m, int) and not isinstance(m, bool) for m in listed):
-            group = rendezvous.group_of(self.s.member, listed, self.s.members)
+            group = rendezvous.group_of(self.s.member, listed)
         self.first_rank = self.s.first_rank if group is None else group[0] * self.s.procs
         attempt_dir = None
         if self.run_dir is not None:

@@ -412,13 +412,10 @@ def quorum_reached(joined: Collection[int], members: int) -> bool:
     return all(m in joined for m in range(members))
 
 
-def group_of(member: int, participants: Sequence[int] | None, members: int) -> tuple[int, int] | None:
-    """Member ``member``'s place in a round: (GROUP_RANK, GROUP_WORLD_SIZE). A fixed-size gang's
-    round has every member in member order (``participants`` None); an elastic gang's round
-    numbers the members in it densely in member order, as torchrun's rendezvous numbers its
-    sorted participants. None: the member is not in the round."""
-    if participants is None:
-        return (member, members) if 0 <= member < members else None
+def group_of(member: int, participants: Sequence[int]) -> tuple[int, int] | None:
+    """Member ``member``'s place in an elastic gang's round of ``participants`` (its ``go``'s
+    members): (GROUP_RANK, GROUP_WORLD_SIZE), the members numbered densely in member order, as
+    torchrun's rendezvous numbers its sorted participants. None: the member is not in the round."""
     if member not in participants:
         return None
     return sorted(participants).index(member), len(participants)

@@ -193,13 +193,13 @@ def test_a_hang_capture_waits_only_for_the_members_in_the_round():
 
 
 @pytest.mark.parametrize(("participants", "member", "group"), [
-    (None, 2, (2, 4)),
+    ([0, 1, 2, 3], 2, (2, 4)),
     ([0, 1, 3], 3, (2, 3)),
     ([3, 0], 3, (1, 2)),
     ([0, 1, 3], 2, None),
 ])
 def test_group_of_numbers_the_round_densely_in_member_order(participants, member, group):
-    assert rv.group_of(member, participants, 4) == group
+    assert rv.group_of(member, participants) == group
 
 
 def test_a_member_not_listed_in_go_joins_the_next_round_instead_of_starting():

@@ -266,6 +266,11 @@ def _takeover(p: Pass, member: int, round_: int | None = None) -> Mapping[str, A
     return None
 
 
+def recent(v: CoordinatorView, event: Mapping[str, Any]) -> bool:
+    """Whether a coordinator's event came in the round that runs (or is joined) or the one before."""
+    return (_int(event.get("round"), -1) or 0) >= (v.round or 0) - 1
+
+
 def _taken_over(p: Pass, member: int, event: Mapping[str, Any], took: Mapping[str, Any]) -> Failure:
     """The restart of a member whose place a hot spare took: a disruption, never a recreation."""
     spare = _int(took.get("spare"))
@@ -496,7 +501,7 @@ def replace_lost(p: Pass, found: list[Failure]) -> bool:
         index = p.index_of_rank(f.rank)
         pod = current.get(index)
         took = _takeover(p, index)
-        if index != 0 and took is not None and (_int(took.get("round"), -1) or 0) >= (v.round or 0) - 1:
+        if index != 0 and took is not None and recent(v, took):
             continue  # a hot spare took its place (spares.tend adopts its pod)
         if p.elastic and index != 0 and not f.permanent and f.reason in NODE_LOSS_REASONS and pod is not None \
                 and pod.name == f.pod:

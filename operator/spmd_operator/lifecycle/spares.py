@@ -52,8 +52,7 @@ def tend(p: Pass) -> None:
     used = set(waiting)
     for member, event in taken.items():
         silent = inplace.silent_loss(p, member)
-        recent = isinstance(event.get("round"), int) and v is not None and event["round"] >= (v.round or 0) - 1
-        if silent is not None and silent.get("node") and recent:
+        if silent is not None and silent.get("node") and v is not None and inplace.recent(v, event):
             p.lost_nodes.add(str(silent["node"]))  # its node froze just now: the next spare keeps off it
         spare = event.get("spare")
         if not isinstance(spare, int) or isinstance(spare, bool):

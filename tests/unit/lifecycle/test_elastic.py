@@ -106,3 +106,23 @@ def test_gang_admission_counts_the_minimum_for_podgroups_and_the_largest_size_fo
     assert builders.build_podgroup(JOB, s, 0)["spec"]["minMember"] == 3  # minSize 2 and the spare
     k = elastic(scheduling={"provider": "Kueue", "queue": "q"})
     assert builders.build_workload(JOB, k)["spec"]["podSets"][0]["count"] == 4
+
+
+def test_a_shrink_and_a_grow_missed_while_the_operator_was_away_are_recorded_in_one_pass_uncounted():
+    """The operator restarted (or failed over) while the gang shrank and grew: both restarts come in
+    the welcome's history and are recorded at once, neither counted (maxRestarts 0), and a pass
+    with the same history records nothing again."""
+    st = status("Running", mesh="nodes=4,procs=1")
+    grow = {"type": "restart", "seq": 20, "time": T - 2, "round": 1, "next_round": 2, "rank": None, "member": 2,
+            "exit_code": None, "reason": "MembershipChange", "message": "member 2 is ready", "tail": [],
+            "counted": 1, "max_restarts": 0, "backoff_seconds": 0.0, "received": T - 1}
+    coordinator = view(round_=2, phase="running", restarts=[lost_event(), grow], lost=[silent()],
+                       started_=[started(0, [0, 1, 2, 3]), started(1, [0, 1, 3]), started(2, [0, 1, 2, 3])],
+                       all_running=[2])
+    pods = gang("Running")
+    pods[2] = dataclasses.replace(pods[2], name=names.pod_name(JOB, 0, 2, 1), replacement=1, joins=2)
+    new = apply(st, run(s=elastic(), st=st, pods=pods, coordinator=coordinator))
+    assert (new["phase"], new["restarts"], new["disruptions"], new.get("gangRestart")) == ("Running", 2, 2, 0), new
+    assert new["size"] == {"pods": 4, "procs": 4, "members": [0, 1, 2, 3]}
+    again = run(s=elastic(), st=new, pods=pods, coordinator=coordinator)
+    assert apply(new, again)["restarts"] == 2 and again.replace == () and again.create == ()
