@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from monarch_spmd.payload import follow, rendezvous
-from monarch_spmd.payload.agent import keepalive
+from monarch_spmd.payload.link import keepalive
 
 from .lifecycle.model import CoordinatorView
 

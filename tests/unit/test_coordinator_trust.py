@@ -314,7 +314,7 @@ def test_an_observer_that_never_reads_is_dropped_and_the_gang_is_not_held_up():
                 for _ in range(200):
                     srv.server._apply([rv.Out(rv.OBSERVERS, {"type": "progress", "seq": 0, "line": "p" * 500})])
                     sent += 1
-                waiting = sum(len(c.out) for c in srv.server.conns.values())
+                waiting = sum(len(c.handle.out) for c in srv.server.conns.values())
             assert waiting <= rv.MAX_OUTBOX + 64 * 1024
         assert not srv.server.observers, f"the slow observer was dropped ({sent} events)"
         assert srv.server.thread.is_alive() and srv.machine.phase == rv.RUNNING_PHASE
