@@ -102,6 +102,8 @@ class Settings:
             the agent itself says (rank, exit code, reason).
         token: the attempt's proof of membership (MONARCH_SPMD_AGENT_TOKEN): every hello carries
             it, and member 0's coordinator accepts no connection without it ("" accepts any).
+        spare: the hot spare this agent's worker was before it was given this member's place
+            (its hello says so), else None.
     """
 
     member: int
@@ -126,6 +128,7 @@ class Settings:
     bind_any: bool = True
     output_in_failures: bool = True
     token: str = field(default="", repr=False)
+    spare: int | None = None
 
 
 
@@ -288,7 +291,8 @@ class Agent:
                         "member": self.s.member, "incarnation": self.incarnation,
                         "round": self.s.first_round, "disruptions": self.s.policy.disruptions,
                         "node": self.s.node, "pid": os.getpid(), "procs": self.s.procs,
-                        "first_rank": self.s.first_rank})
+                        "first_rank": self.s.first_rank,
+                        **({"spare": self.s.spare} if self.s.spare is not None else {})})
         return self._serve()
 
     def _run_alone(self) -> int:
@@ -325,10 +329,14 @@ class Agent:
                 if not self._step():
                     self._end_round()
                     if self.received:
+                        # The signal and the processes' end came in one turn: the coordinator
+                        # still hears that this member left (not that it fell silent).
+                        self._carry_out(machine.on_signal(self.received[0]))
                         return self._signal_exit(group)
                     self._carry_out(machine.on_round_ended(self._exited_rows()))
             else:
                 if self.received:
+                    self._carry_out(machine.on_signal(self.received[0]))
                     return 128 + self.received[0]
                 self._select(TICK)
                 self._reap()
@@ -338,7 +346,14 @@ class Agent:
                 code = self._carry_out(machine.on_message(message, procs_running=self._procs_running()))
                 if code is not None:
                     return code
-            if link.closed or time.monotonic() - link.heard > rendezvous.HEARTBEAT_TIMEOUT:
+            silent = time.monotonic() - link.heard > rendezvous.HEARTBEAT_TIMEOUT
+            if link.closed or silent:
+                if (link.broken or silent) and self.group is not None and not self.group.finished:
+                    # Cut off (the connection broke or fell silent, not closed by the coordinator's
+                    # end): the gang may be going on without this member, whatever else it was
+                    # told (a pod deleted on a node just back from a freeze), so its processes
+                    # end within the fence.
+                    self.group.hurry(rendezvous.FENCE_GRACE)
                 where = f"{self.s.coordinator[0]}:{self.s.coordinator[1]}" if self.s.coordinator else "?"
                 lost = machine.on_link_lost(where, signalled=self.received[0] if self.received else None,
                                             procs_running=self._procs_running(), all_succeeded=self._all_succeeded())
@@ -363,6 +378,8 @@ class Agent:
                 self._thaw()
                 if self.group is not None and not self.received:  # a signal already told them: no second one
                     self.group.stop()
+                if self.group is not None and do.message.get("fence"):
+                    self.group.hurry(rendezvous.FENCE_GRACE)  # the coordinator was stopped itself a while
             elif do.what == member.FREEZE:
                 self._freeze(do.reason)
             elif do.what == member.DUMP:
@@ -375,6 +392,11 @@ class Agent:
             elif do.what == member.EXIT:
                 return do.code
             else:
+                if self.group is not None and do.what == member.FAIL and do.message.get("fallback"):
+                    # The gang is given up to be recreated (this member superseded, the
+                    # coordinator cut off ...): a new gang may start without waiting for this
+                    # member, so its processes end within the fence, not the stop grace.
+                    self.group.hurry(rendezvous.FENCE_GRACE)
                 self._stop_and_wait()
                 if do.what == member.FINISH:
                     return 0

@@ -31,7 +31,10 @@ FATAL_REASONS: Final = frozenset({"InvalidImageName", "ErrImageNeverPull"})
 #: Reasons of the pod condition ``DisruptionTarget`` (and of pod status) that mean the pod was
 #: taken away by the cluster, not failed by the program: preemption, API-initiated eviction
 #: (``kubectl drain``), taint-based eviction, pod GC after node loss, kubelet node-pressure or
-#: graceful node shutdown. Kubernetes Job's podFailurePolicy and JobSet treat these alike.
+#: graceful node shutdown. Kubernetes Job's podFailurePolicy and JobSet treat these alike. Also
+#: the operator's own PodDeleted (a pod deleted before it finished: ``kubectl delete pod``, a
+#: controller's delete) and PodMissing (a pod gone without a word of why): something outside the
+#: program took the pod away, so neither uses up maxRestarts (docs/failures.md).
 DISRUPTION_REASONS: Final = frozenset(
     {
         "PreemptionByScheduler",
@@ -43,6 +46,8 @@ DISRUPTION_REASONS: Final = frozenset(
         "Evicted",
         "Terminated",
         "NodeLost",
+        "PodDeleted",
+        "PodMissing",
     }
 )
 

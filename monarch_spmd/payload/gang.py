@@ -492,6 +492,12 @@ class Gang:
             except ProcessLookupError:
                 pass
 
+    def hurry(self, grace: float) -> None:
+        """At most ``grace`` seconds from now until the SIGKILL, whatever the grace before."""
+        self.grace = min(self.grace, grace)
+        if self.stop_deadline is not None:
+            self.stop_deadline = min(self.stop_deadline, time.monotonic() + grace)
+
     def kill(self, proc: Proc, reason: str, message: str) -> None:
         """Kills one member's whole process group at once (a hung rank), recording why: its exit
         will be a failure with this reason."""

@@ -25,6 +25,10 @@ from typing import Any
 from . import rendezvous
 
 
+#: The role of a member's connection after its ``leave``: it stays open until its agent ends.
+DEPARTING = "departing"
+
+
 class Peer:
     """One connection to the coordinator, as the hub knows it.
 
@@ -46,6 +50,8 @@ class Peer:
         self.heard = now
         self.accepted = now
         self.open = True
+        #: Its connection ended by an error (a reset, the kernel's timeout), not closed by it.
+        self.error = False
 
 
 class Hub:
@@ -69,6 +75,7 @@ class Hub:
         self.by_spare: dict[int, Peer] = {}
         self.observers: list[Peer] = []
         self.last_beat: float | None = None
+        self.last_turn: float | None = None
 
     # --- the transport's entry points ---------------------------------------------------------
 
@@ -91,11 +98,13 @@ class Hub:
         """The open connections that have not said hello yet."""
         return [p for p in self.peers if p.role is None]
 
-    def received(self, peer: Peer, data: bytes, now: float) -> None:
-        """Bytes read from ``peer``; empty: the connection closed (its member is lost)."""
+    def received(self, peer: Peer, data: bytes, now: float, *, error: bool = False) -> None:
+        """Bytes read from ``peer``; empty: the connection closed (its member is lost), by an
+        error (a reset, the kernel's timeout) when ``error``."""
         if not peer.open:
             return
         if not data:
+            peer.error = error
             self.broken(peer, rendezvous.LOST_DISCONNECTED, now)
             return
         peer.heard = now
@@ -119,10 +128,19 @@ class Hub:
                     self.refuse(peer, str(e), now)
                 return
 
+    def awake(self, now: float) -> None:
+        """The transport's loop turned (call it first in each turn, before what it read): a turn
+        that comes STALL_SECONDS after the one before means the coordinator itself was stopped
+        (its node froze) or starved meanwhile."""
+        if self.last_turn is not None and now - self.last_turn >= rendezvous.STALL_SECONDS:
+            self.machine.stalled(now)
+        self.last_turn = now
+
     def tick(self, now: float) -> None:
         """Connections that never said hello close after HELLO_TIMEOUT; the coordinator's
         deadlines; heartbeats to members and spares every HEARTBEAT_INTERVAL, and a member or
         spare silent for HEARTBEAT_TIMEOUT is lost."""
+        self.awake(now)
         for peer in self.pending():
             if now - peer.accepted > rendezvous.HELLO_TIMEOUT:
                 self.close(peer, now)  # never said hello: a port scanner, a stranger, a wedged client
@@ -134,19 +152,33 @@ class Hub:
         self.last_beat = now
         beat = rendezvous.encode({"type": rendezvous.HEARTBEAT})
         for peer in list(self.peers):
-            if peer.open and peer.role in (rendezvous.ROLE_MEMBER, rendezvous.ROLE_SPARE):
+            if peer.open and peer.role in (rendezvous.ROLE_MEMBER, rendezvous.ROLE_SPARE, DEPARTING):
                 self.send(peer, beat)
                 if peer.open and now - peer.heard > rendezvous.HEARTBEAT_TIMEOUT:
                     self.broken(peer, rendezvous.LOST_HEARTBEAT, now)
 
     def broken(self, peer: Peer, reason: str, now: float) -> None:
         """``peer``'s connection is gone (closed, reset, silent, refused): a member's is that
-        member lost; a waiting spare's, that spare no longer ready."""
+        member lost; a waiting spare's, that spare no longer ready; one that left has ended."""
         member = peer.member
+        departing = peer.role == DEPARTING
         self.close(peer, now)
         if member is not None and self.by_member.get(member) is peer:
             del self.by_member[member]
             self.apply(self.machine.lost(member, reason, now))
+        elif departing and member is not None:
+            self.apply(self.machine.departed(member, peer.incarnation, now))
+
+    def leave(self, peer: Peer, now: float) -> None:
+        """A member says ``leave`` (its agent got a stop signal: its pod is being deleted): it is
+        lost now (a spare may take its place), and its connection stays open until its agent
+        ends, which says that its processes have (the next round waits for that)."""
+        member = peer.member
+        assert member is not None
+        if self.by_member.get(member) is peer:
+            del self.by_member[member]
+        peer.role = DEPARTING
+        self.apply(self.machine.lost(member, rendezvous.LOST_LEFT, now))
 
     # --- messages -----------------------------------------------------------------------------
 
@@ -165,6 +197,8 @@ class Hub:
                 self.close(peer, now)
                 return
             raise rendezvous.ProtocolError(f"a spare may send only hb and leave, not {str(kind)[:40]!r}")
+        if peer.role == DEPARTING:
+            return  # a member that left: only the end of its connection matters now
         if peer.role != rendezvous.ROLE_MEMBER or member is None:
             raise rendezvous.ProtocolError("an observer says nothing after hello")
         message = rendezvous.check_member_message(message)
@@ -184,7 +218,7 @@ class Hub:
         elif kind == rendezvous.STACKS:
             self.apply(m.stacks(member, r, message["ranks"], message["detail"], now))
         elif kind == rendezvous.LEAVE:
-            self.broken(peer, rendezvous.LOST_LEFT, now)
+            self.leave(peer, now)
         elif kind == rendezvous.HEARTBEAT:
             self.apply(m.heartbeat(member, now, idle=message["idle"], rank=message["rank"], line=message["line"]))
 
@@ -205,6 +239,7 @@ class Hub:
             peer.role = role
             self.observers.append(peer)
             self.send(peer, rendezvous.encode(m.observer_welcome()))
+            self.apply(m.observer_joined(now))
             return
         peer.lines.limit = rendezvous.MAX_MEMBER_LINE
         peer.incarnation = hello["incarnation"]
@@ -216,11 +251,14 @@ class Hub:
             self._superseding(old, peer, m.spare_hello(spare, hello["incarnation"], now, node=hello["node"]), now)
             return
         member = hello["member"]
+        refused = m.admits(member, hello["spare"])
+        if refused is not None:
+            raise rendezvous.ProtocolError(refused)
         old = self.by_member.get(member)
         peer.role, peer.member = role, member
         self.by_member[member] = peer
         self._superseding(old, peer, m.hello(member, hello["incarnation"], now, disruptions=hello["disruptions"],
-                                             node=hello["node"]), now)
+                                             node=hello["node"], spare=hello["spare"]), now)
 
     def _superseding(self, old: Peer | None, peer: Peer, outs: Sequence[rendezvous.Out], now: float) -> None:
         """A hello's answers; one that drops (a new incarnation supersedes ``old``) is sent to the
@@ -285,4 +323,7 @@ class Hub:
             self.apply(self.machine.spare_lost(spare, peer.incarnation, now))
         if peer in self.observers:
             self.observers.remove(peer)
+            self._close_transport(peer)
+            self.apply(self.machine.observer_left(peer.error, now))
+            return
         self._close_transport(peer)

@@ -63,6 +63,8 @@ class Link:
         self.lines = rendezvous.LineBuffer()
         self.inbox: list[dict[str, Any]] = []
         self.closed = False
+        #: It ended by an error (reset, timed out), not by the coordinator closing it.
+        self.broken = False
         self.heard = time.monotonic()
         self.sent = time.monotonic()
 
@@ -102,6 +104,7 @@ class Link:
             self.sent = time.monotonic()
             return True
         except OSError:
+            self.broken = True
             self.close()
             return False
 
@@ -115,6 +118,7 @@ class Link:
             return
         except OSError:
             data = b""
+            self.broken = True
         if not data:
             self.close()
             return

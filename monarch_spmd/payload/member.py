@@ -130,7 +130,7 @@ class Member:
         if kind == rendezvous.STOP and r == self.round:
             if self.phase == RUNNING and procs_running:
                 self.phase = STOPPING
-                return [Do(STOP)]
+                return [Do(STOP, dict(message))]
             if self.phase in (RUNNING, WAITING):
                 return self._join_next()
             return []

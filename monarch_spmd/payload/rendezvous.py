@@ -146,6 +146,32 @@ STACKS_SECONDS: Final = 20.0
 HANG_WAIT_SECONDS: Final = 15.0
 #: The reasons a ``hang`` may give.
 HANG_REASONS: Final = (REASON_NO_PROGRESS, REASON_WATCHDOG)
+#: Seconds an agent cut off from its coordinator gives its processes between SIGTERM and SIGKILL
+#: (its fence; the stop grace is for restarts its coordinator asked for): a member that lost its
+#: coordinator cannot know whether the gang went on without it, and must not run beside it.
+FENCE_GRACE: Final = 1.0
+#: Seconds, after a member is lost without a word (its connection ended, broke or fell silent),
+#: before the next round may start: the agent, if it runs at all, fences itself within its loop's
+#: turn and FENCE_GRACE of noticing (a node cut off notices when its traffic is back).
+FENCE_SECONDS: Final = FENCE_GRACE + 0.5
+#: Seconds, beyond the stop grace, that a member that said ``leave`` (its pod deleted: its
+#: processes got SIGTERM, the kubelet's SIGKILL follows after the grace) may take to end before
+#: the next round starts without its word (its agent's end is the word).
+LEAVE_MARGIN: Final = 5.0
+#: The coordinator's own silence (its server's loop did not turn for this long: its node was
+#: frozen, or it starved; it turns every 0.1 s otherwise). A round it stops within STALL_WINDOW
+#: after one is stopped with the fence (``stop`` with ``fence``: every agent ends its processes
+#: within FENCE_GRACE): the gang may have been recreated without it meanwhile.
+STALL_SECONDS: Final = 3.0
+STALL_WINDOW: Final = 2.0
+#: Seconds a spare given a member's place (``assign``) has to say hello as that member; then the
+#: place is free again (for another spare, or the operator's new pod), not stranded until the
+#: round's join timeout.
+ASSIGN_SECONDS: Final = 10.0
+#: Seconds within which losing a member by silence and every observer (the operator) by a broken
+#: connection means the coordinator is likely the one cut off (its node partitioned): it starts
+#: no round until an observer is back (Coordinator.isolated).
+ISOLATION_WINDOW: Final = 15.0
 #: Seconds between ``progress`` events while a round runs.
 PROGRESS_EVERY: Final = 5.0
 #: How many lines of a failed rank's output travel with its failure.
@@ -304,7 +330,8 @@ def check_hello(message: Mapping[str, Any], members: int) -> dict[str, Any]:
         out.update(member=_int(message, "member", 0, members - 1),
                    incarnation=_str(message, "incarnation", 64) or "",
                    disruptions=_int(message, "disruptions", 0, MAX_INT, optional=True) or 0,
-                   node=_str(message, "node", MAX_NAME) or "")
+                   node=_str(message, "node", MAX_NAME) or "",
+                   spare=_int(message, "spare", 0, MAX_SPARE_INDEX, optional=True))
     elif role == ROLE_SPARE:
         out.update(spare=_int(message, "spare", 0, MAX_SPARE_INDEX), incarnation=_str(message, "incarnation", 64) or "",
                    node=_str(message, "node", MAX_NAME) or "")
@@ -439,6 +466,8 @@ class Policy:
             this many members once ``elastic_wait`` passed without the others; 0: every member
             (a fixed size).
         elastic_wait: see ``min_members``.
+        stop_grace: the pods' grace (terminationGracePeriodSeconds): how long a member that left
+            may take to end its processes.
     """
 
     max_restarts: int = 0
@@ -453,6 +482,7 @@ class Policy:
     member_failure_limit: int = DEFAULT_MEMBER_FAILURE_LIMIT
     min_members: int = 0
     elastic_wait: float = DEFAULT_ELASTIC_WAIT
+    stop_grace: float = 30.0
 
     def is_permanent(self, exit_code: int | None, reason: str | None) -> bool:
         return failures.is_permanent(exit_code, reason, permanent_reasons=self.permanent_reasons,
@@ -475,6 +505,14 @@ class Out:
     drop: bool = False
 
 
+#: A process failure that came at most this long before a disruption of its round (a member
+#: lost, a takeover, a member joining an elastic gang), or any time after it, is taken for that
+#: disruption's consequence: the peers' collectives break when a member's processes go, a moment
+#: before the member's loss reaches the coordinator (the ranks die first, then the agent's leave
+#: or its connection's end), and clocks of nodes differ a little.
+CONSEQUENCE_SECONDS: Final = 1.0
+
+
 @dataclass
 class _Failure:
     member: int
@@ -485,6 +523,25 @@ class _Failure:
     def key(self) -> tuple[float, int]:
         at = self.info.get("at")
         return (float(at) if isinstance(at, (int, float)) else float("inf"), self.received)
+
+    @property
+    def disruption(self) -> bool:
+        """Not a process of the program failing: a member lost, or a member joining (a grow)."""
+        return self.info.get("reason") in (REASON_MEMBER_LOST, REASON_MEMBERSHIP)
+
+
+def root_cause(failures: Sequence[_Failure]) -> _Failure:
+    """A round's root cause, THE rule of what a restart is charged to: the earliest process
+    failure that came more than CONSEQUENCE_SECONDS before every disruption of the round, else
+    the earliest disruption (its consequences are not the program's failures); in a round
+    without disruptions, the earliest failure."""
+    disruptions = [f for f in failures if f.disruption]
+    crashes = [f for f in failures if not f.disruption]
+    if not disruptions:
+        return min(crashes, key=lambda f: f.key)
+    first = min(disruptions, key=lambda f: f.key)
+    independent = [f for f in crashes if f.key[0] < first.key[0] - CONSEQUENCE_SECONDS]
+    return min(independent, key=lambda f: f.key) if independent else first
 
 
 @dataclass
@@ -558,6 +615,9 @@ class Coordinator:
         self.spares: dict[int, tuple[str, str]] = {}
         #: Members whose place a spare took, whose loss is not counted against maxRestarts.
         self.taken_over: set[int] = set()
+        #: Members whose place a spare was given and who have not said hello as it yet:
+        #: member -> (spare, until when it may).
+        self.assigned: dict[int, tuple[int, float]] = {}
         self.takeovers = 0
         #: The least members a round starts with (the whole gang unless elastic).
         self.min_members = self.members if not 0 < self.policy.min_members < self.members else self.policy.min_members
@@ -567,6 +627,25 @@ class Coordinator:
         self.waiting: set[int] = set()
         #: When an open elastic round had its minimum joined (its wait for the others runs).
         self.quorum_at: float | None = None
+        #: Agents lost whose processes may still run, (member, incarnation) -> until when: the
+        #: next round starts only once each is gone (:meth:`departed`) or its time is up.
+        self.departing: dict[tuple[int, str], float] = {}
+        #: When the coordinator last came back from a silence of STALL_SECONDS (None: never).
+        self.stalled_at: float | None = None
+        #: Observers connected now; when the last one's connection broke (not closed by it).
+        self.observers = 0
+        self.observer_broke_at: float | None = None
+        #: When a member other than 0 was last lost by silence or a broken connection.
+        self.member_silent_at: float | None = None
+
+    def _clock(self, now: float) -> None:
+        self.now = max(self.now, now)
+
+    def stalled(self, now: float) -> None:
+        """The coordinator itself was not running for STALL_SECONDS or more until ``now`` (its
+        node froze, or it starved): what it stops next is stopped with the fence."""
+        self._clock(now)
+        self.stalled_at = now
 
     @property
     def elastic(self) -> bool:
@@ -611,6 +690,31 @@ class Coordinator:
         self.history_compacted = max(0, self.history_compacted - 1)
         self.history_dropped += 1
 
+    def observer_joined(self, now: float | None = None) -> list[Out]:
+        """An observer (the operator, the local runner) said hello: a round held while the
+        coordinator looked cut off (:meth:`isolated`) may start."""
+        if now is not None:
+            self._clock(now)
+        self.observers += 1
+        return self._maybe_go()
+
+    def observer_left(self, broken: bool, now: float) -> list[Out]:
+        """An observer's connection ended; ``broken``: by an error or silence, not closed by it."""
+        self._clock(now)
+        self.observers = max(0, self.observers - 1)
+        if broken:
+            self.observer_broke_at = now
+        return []
+
+    def isolated(self) -> bool:
+        """Whether this coordinator looks cut off from the cluster: it lost a member by silence
+        and every observer (the operator) by a broken connection within ISOLATION_WINDOW of each
+        other, and no observer is back. Its node is then likely the one partitioned, and the
+        operator, hearing it no more, may be recreating the gang elsewhere: it starts no round
+        (an elastic gang would shrink to the members beside it) until an observer is back."""
+        return (self.observers == 0 and self.observer_broke_at is not None and self.member_silent_at is not None
+                and abs(self.observer_broke_at - self.member_silent_at) <= ISOLATION_WINDOW)
+
     def observer_welcome(self) -> dict[str, Any]:
         """The ``welcome`` an observer gets: the state now and the history."""
         return {"type": WELCOME, "v": VERSION, "run_id": self.run_id, "members": self.members,
@@ -636,10 +740,14 @@ class Coordinator:
         return self.live() & self.round_members
 
     def hello(self, member: int, incarnation: str, now: float, *, disruptions: int = 0,
-              node: str = "") -> list[Out]:
-        """A member's agent connected (a new incarnation supersedes an older one)."""
-        self.now = now
+              node: str = "", spare: int | None = None) -> list[Out]:
+        """A member's agent connected (a new incarnation supersedes an older one); ``spare``: the
+        hot spare it was (see :meth:`admits`)."""
+        self._clock(now)
         out: list[Out] = []
+        pending = self.assigned.get(member)
+        if pending is not None and spare == pending[0]:
+            del self.assigned[member]  # the spare arrived in its place
         if member in self.incarnations and self.incarnations[member] != incarnation:
             out.append(Out(member, {"type": FAIL, "round": self.round, "reason": LOST_SUPERSEDED,
                                     "exit_code": EX_TEMPFAIL, "fallback": True}, drop=True))
@@ -666,7 +774,7 @@ class Coordinator:
 
     def join(self, member: int, round_: int, now: float) -> list[Out]:
         """Member ``member`` has no process left and is ready for round ``round_``."""
-        self.now = now
+        self._clock(now)
         if member not in self.incarnations:
             return []
         if self.phase == JOINING and round_ == self.round:
@@ -692,7 +800,7 @@ class Coordinator:
         message = f"member {member} is ready: the gang grows from {size} to {size + len(self.waiting)} members"
         self.received += 1
         self.failures.append(_Failure(member, {"rank": None, "exit_code": None, "reason": REASON_MEMBERSHIP,
-                                               "message": message, "tail": [], "at": None, "grow": True},
+                                               "message": message, "tail": [], "at": self.wall(), "grow": True},
                                       self.received))
         out = [self._event(EV_RESIZE, member=member, size=size, next_size=size + len(self.waiting),
                            node=self.nodes.get(member, ""), message=message)]
@@ -706,7 +814,7 @@ class Coordinator:
 
     def running(self, member: int, round_: int, procs: list[dict[str, Any]], now: float) -> list[Out]:
         """Member ``member`` started its processes of ``round_``."""
-        self.now = now
+        self._clock(now)
         if round_ != self.round or self.phase != RUNNING_PHASE or member not in self.incarnations:
             return []
         self.running_members.add(member)
@@ -719,7 +827,7 @@ class Coordinator:
 
     def failure(self, member: int, round_: int, info: Mapping[str, Any], now: float) -> list[Out]:
         """A process of member ``member`` failed in ``round_`` (info: rank, exit code, reason ...)."""
-        self.now = now
+        self._clock(now)
         if (round_ != self.round or self.phase not in (RUNNING_PHASE, STOPPING) or member not in self.incarnations
                 or member not in self.round_members):
             return []
@@ -728,6 +836,8 @@ class Coordinator:
         return self._record_failure(member, dict(info))
 
     def _record_failure(self, member: int, info: dict[str, Any]) -> list[Out]:
+        if not isinstance(info.get("at"), (int, float)) or isinstance(info.get("at"), bool):
+            info["at"] = self.wall()  # an exit not reported as a failure first: when it was heard
         if isinstance(info.get("message"), str):
             info["message"] = cut(info["message"], MAX_TEXT)
         if isinstance(info.get("tail"), list):
@@ -747,11 +857,14 @@ class Coordinator:
         self.first_failure_at = self.now
         self.stop_deadline = self.now + self.policy.join_timeout
         self.next_joined = self.waiting & self.live()  # they joined the next round already
-        return [Out(ALL, {"type": STOP, "round": self.round})]
+        stop: dict[str, Any] = {"type": STOP, "round": self.round}
+        if self.stalled_at is not None and self.now - self.stalled_at <= STALL_WINDOW:
+            stop["fence"] = True  # just back from a silence of its own: nothing of this round may linger
+        return [Out(ALL, stop)]
 
     def exited(self, member: int, round_: int, procs: list[dict[str, Any]], now: float) -> list[Out]:
         """Every process of member ``member`` in ``round_`` is gone (one row per process)."""
-        self.now = now
+        self._clock(now)
         if round_ != self.round or member not in self.incarnations:
             return []
         out = [self._event(EV_EXITED, member=member, procs=procs)]
@@ -775,12 +888,15 @@ class Coordinator:
 
     def lost(self, member: int, reason: str, now: float) -> list[Out]:
         """Member ``member``'s agent is gone: it left, its connection closed, or it fell silent."""
-        self.now = now
+        self._clock(now)
         if member not in self.incarnations:
             return []
-        del self.incarnations[member]
+        incarnation = self.incarnations.pop(member)
         self.idle.pop(member, None)
+        self.departing[(member, incarnation)] = now + self._fence(reason)
         out = [self._event(EV_LOST, member=member, reason=reason, node=self.nodes.get(member, ""))]
+        if reason in (LOST_DISCONNECTED, LOST_HEARTBEAT) and member != 0:
+            self.member_silent_at = now
         takeover = self._take_over(member)
         out.extend(takeover)
         gone = f"member {member}'s agent is gone ({reason})"
@@ -800,23 +916,47 @@ class Coordinator:
             out.extend(self._record_failure(member, {"rank": None, "local_rank": None, "pid": None,
                                                      "exit_code": None, "returncode": None, "signal": None,
                                                      "reason": REASON_MEMBER_LOST, "message": gone,
-                                                     "tail": [], "at": None, "takeover": bool(takeover)}))
+                                                     "tail": [], "at": self.wall(), "takeover": bool(takeover)}))
         elif self.phase == STOPPING:
             self.next_joined.discard(member)
             if not any(f.member == member for f in self.failures):
                 self.received += 1
                 self.failures.append(_Failure(member, {"reason": REASON_MEMBER_LOST, "exit_code": None,
-                                                       "rank": None, "at": None, "message": gone,
+                                                       "rank": None, "at": self.wall(), "message": gone,
                                                        "takeover": bool(takeover)}, self.received))
             out.extend(self._maybe_decide())
         return out
+
+    def _fence(self, reason: str) -> float:
+        """How long a lost member's processes may still run: a member that left (its pod is being
+        deleted) until the kubelet's SIGKILL; one superseded until its own stop grace; one that
+        went without a word until it fences itself (FENCE_SECONDS)."""
+        if reason == LOST_LEFT:
+            return self.policy.stop_grace + LEAVE_MARGIN
+        if reason == LOST_SUPERSEDED:
+            return self.policy.stop_grace + FENCE_SECONDS
+        return FENCE_SECONDS
+
+    def departed(self, member: int, incarnation: str, now: float) -> list[Out]:
+        """A lost member's agent has ended (its connection's end after it left): none of its
+        processes runs any more."""
+        self._clock(now)
+        self.departing.pop((member, incarnation), None)
+        return self._maybe_go()
+
+    def _fenced(self) -> bool:
+        """Whether no lost member's process may still run (the next round may start)."""
+        for key, until in list(self.departing.items()):
+            if self.now >= until:
+                del self.departing[key]
+        return not self.departing
 
     # --- hot spares ----------------------------------------------------------------------------
 
     def spare_hello(self, spare: int, incarnation: str, now: float, *, node: str = "") -> list[Out]:
         """A spare's agent connected (a new incarnation supersedes an older one): it waits, warm,
         for a lost member's place. A member lost while no spare was ready gets this one at once."""
-        self.now = now
+        self._clock(now)
         old = self.spares.get(spare)
         out: list[Out] = []
         if old is not None and old[0] != incarnation:
@@ -835,7 +975,7 @@ class Coordinator:
 
     def spare_lost(self, spare: int, incarnation: str | None, now: float) -> list[Out]:
         """A waiting spare's connection closed (its pod is gone): it is no longer ready."""
-        self.now = now
+        self._clock(now)
         if spare not in self.spares or (incarnation is not None and self.spares[spare][0] != incarnation):
             return []
         _, node = self.spares.pop(spare)
@@ -849,15 +989,41 @@ class Coordinator:
         spare = min(self.spares)
         _, node = self.spares.pop(spare)
         self.taken_over.add(member)
+        self.assigned[member] = (spare, self.now + ASSIGN_SECONDS)
         self.takeovers += 1
         return [Out(f"{ROLE_SPARE}:{spare}", {"type": ASSIGN, "member": member, "round": self.round}),
                 self._event(EV_TAKEOVER, member=member, spare=spare, node=node, ready=len(self.spares),
                             takeovers=self.takeovers)]
 
+    def admits(self, member: int, spare: int | None) -> str | None:
+        """Why a member's hello is refused, or None: while a spare given member ``member``'s place
+        is on its way, a pod of that member that is not that spare (a replacement created for
+        the same loss) is turned away."""
+        pending = self.assigned.get(member)
+        if pending is not None and spare != pending[0] and self.phase not in (FINISHED, FAILED):
+            return f"member {member}'s place is taken by hot spare {pending[0]}"
+        return None
+
+    def _assignments(self) -> list[Out]:
+        """Spares that did not say hello as the member they were given within ASSIGN_SECONDS (the
+        spare's pod went, its connection was cut): the place is free again, for another spare."""
+        out: list[Out] = []
+        for member, (spare, until) in sorted(self.assigned.items()):
+            if self.now < until or member in self.incarnations:
+                continue
+            del self.assigned[member]
+            self.taken_over.discard(member)
+            out.append(self._event(EV_TAKEOVER, member=member, spare=spare, state="failed", ready=len(self.spares),
+                                   takeovers=self.takeovers,
+                                   message=f"hot spare {spare} did not take member {member}'s place within "
+                                           f"{ASSIGN_SECONDS:g}s"))
+            out.extend(self._take_over(member))
+        return out
+
     def heartbeat(self, member: int, now: float, *, idle: float | None = None, rank: int | None = None,
                   line: str = "") -> list[Out]:
         """A member's heartbeat: ``idle`` is the seconds since its stalest rank's last output."""
-        self.now = now
+        self._clock(now)
         if idle is not None and member in self.incarnations:
             self.idle[member] = (float(idle), rank, line)
         return []
@@ -867,7 +1033,7 @@ class Coordinator:
     def hang(self, member: int, round_: int, info: Mapping[str, Any], now: float) -> list[Out]:
         """A member's rank hangs (``info``: rank, reason, message, at): every member freezes its
         ranks (``freeze``); the first hang of a round only."""
-        self.now = now
+        self._clock(now)
         if (round_ != self.round or self.phase != RUNNING_PHASE or member not in self.incarnations
                 or self.capture is not None):
             return []
@@ -879,7 +1045,7 @@ class Coordinator:
 
     def frozen(self, member: int, round_: int, now: float) -> list[Out]:
         """Member ``member`` has stopped its ranks: once every live member has, ``dump``."""
-        self.now = now
+        self._clock(now)
         capture = self.capture
         if capture is None or capture.dumping or round_ != self.round or member not in self.incarnations:
             return []
@@ -895,7 +1061,7 @@ class Coordinator:
     def stacks(self, member: int, round_: int, ranks: list[dict[str, Any]], detail: bool, now: float) -> list[Out]:
         """Member ``member``'s ranks' states after the dump: once every live member's are in, the
         rule over all of them names the rank the round's failure is (:meth:`_judge`)."""
-        self.now = now
+        self._clock(now)
         capture = self.capture
         if capture is None or round_ != self.round or member not in self.incarnations or member in capture.reported:
             return []
@@ -928,8 +1094,8 @@ class Coordinator:
 
     def tick(self, now: float) -> list[Out]:
         """Deadlines: the back-off's end, a round that does not close, members that do not stop."""
-        self.now = now
-        out: list[Out] = []
+        self._clock(now)
+        out: list[Out] = self._assignments()
         if self.phase == JOINING:
             out.extend(self._maybe_go())
             if self.phase == JOINING and self.deadline is not None and now >= self.deadline:
@@ -967,6 +1133,8 @@ class Coordinator:
                 self.quorum_at = self.now
             if self.now < self.quorum_at + self.policy.elastic_wait:
                 return []
+        if not self._fenced() or self.isolated():
+            return []  # a lost member's processes may still run; or this coordinator is cut off
         self.quorum_at = None
         before = self.round_members
         self.round_members = set(self.joined)
@@ -996,11 +1164,15 @@ class Coordinator:
         return []
 
     def _decide(self) -> list[Out]:
-        root = min(self.failures, key=lambda f: f.key)
+        root = root_cause(self.failures)
         info = root.info
-        grow = bool(info.get("grow"))
-        if info.get("takeover") or grow:
-            self.disruptions += 1  # a lost node whose place a spare took, a member that joined: not the program's
+        disruption = root.disruption
+        if disruption:
+            # A member lost (its pod deleted, evicted, its node gone; a spare took its place or
+            # not), or one that joined: not the program's failure, and what broke in its round
+            # because of it is not either (root_cause). The operator, which sees why a pod went,
+            # may still charge a loss to the program (a container OOM-killed): its count rules.
+            self.disruptions += 1
         code = info.get("exit_code")
         reason = info.get("reason") or REASON_ERROR
         healthy = (self.all_running_at is not None and self.first_failure_at is not None
@@ -1010,8 +1182,9 @@ class Coordinator:
             self.streak, self.streak_member = 0, None
         counted = self.round - self.disruptions
         cause = {"rank": info.get("rank"), "member": root.member, "exit_code": code, "reason": reason,
-                 "message": info.get("message"), "tail": info.get("tail") or []}
-        if reason not in (REASON_MEMBER_LOST, REASON_MEMBERSHIP):
+                 "message": info.get("message"), "tail": info.get("tail") or [], "disruption": disruption}
+        backoff = 0.0
+        if not disruption:
             if self.policy.is_permanent(code, reason):
                 return self._fail(root, exit_code=code, reason=reason, permanent=True)
             if counted >= self.policy.max_restarts:
@@ -1022,9 +1195,9 @@ class Coordinator:
                 return self._fail(root, exit_code=EX_TEMPFAIL, reason=REASON_REPEATED, fallback=True,
                                   message=f"member {root.member} caused {self.streak} restarts in place in a row; "
                                           f"the gang is recreated on fresh pods")
-        if not grow:
+            # Only the program's failures back off (a crash loop); a disruption restarts at once.
             self.consecutive += 1
-        backoff = 0.0 if grow else backoff_seconds(self.consecutive, self.policy.backoff, self.policy.max_backoff)
+            backoff = backoff_seconds(self.consecutive, self.policy.backoff, self.policy.max_backoff)
         out = [self._event(EV_RESTART, next_round=self.round + 1, **cause,
                            counted=counted + 1, max_restarts=self.policy.max_restarts, backoff_seconds=backoff)]
         self._cause = {"round": self.round, **cause}

@@ -99,7 +99,10 @@ class CoordinatorServer:
 
     def _serve(self) -> None:
         while not self.stopped.is_set():
-            for key, events in self.selector.select(0.1):
+            ready = self.selector.select(0.1)
+            with self.lock:
+                self.hub.awake(time.monotonic())
+            for key, events in ready:
                 if key.fileobj is self.sock:
                     self._accept()
                     continue
@@ -134,15 +137,16 @@ class CoordinatorServer:
 
     def _read(self, peer: hub.Peer) -> None:
         wire: _Wire = peer.handle
+        error = False
         try:
             data = wire.sock.recv(65536)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
-            data = b""
+            data, error = b"", True
         with self.lock:
             try:
-                self.hub.received(peer, data, time.monotonic())
+                self.hub.received(peer, data, time.monotonic(), error=error)
             except Exception as e:  # noqa: BLE001 - one connection's trouble never ends the coordinator
                 print(f"{_PREFIX}: coordinator: closed a connection after {type(e).__name__}: {e}", file=sys.stderr,
                       flush=True)

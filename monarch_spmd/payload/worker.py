@@ -312,6 +312,8 @@ class WorkerInputs:
     tee: int | dict[int, int] = 0
     #: A hot spare's index (MONARCH_SPMD_SPARE): no coordinates until it takes a member's place.
     spare: int | None = None
+    #: The hot spare these inputs' worker was before it took a member's place (its hello says so).
+    was_spare: int | None = None
 
     @property
     def local_procs(self) -> int:
@@ -341,7 +343,7 @@ class WorkerInputs:
         """These inputs for the worker of member ``member`` (a spare taking its place)."""
         dims = self.mesh[:-1] if self.pod_layout == PER_HOST else self.mesh
         coords = contract.coords_of(dims, member) if dims else []
-        return dataclasses.replace(self, coords=coords, spare=None)
+        return dataclasses.replace(self, coords=coords, spare=None, was_spare=self.spare)
 
     def resized(self, group: int, count: int) -> WorkerInputs:
         """These inputs in an elastic round of ``count`` members where this worker is the
@@ -358,7 +360,7 @@ class WorkerInputs:
             permanent_reasons=self.permanent_reasons, backoff=self.backoff, max_backoff=self.max_backoff,
             backoff_reset=self.backoff_reset, join_timeout=self.join_timeout,
             member_failure_limit=self.member_failure_limit, min_members=self.min_members,
-            elastic_wait=self.elastic_wait)
+            elastic_wait=self.elastic_wait, stop_grace=self.stop_grace)
 
 
 def worker_input_env(
@@ -831,6 +833,7 @@ def agent_settings(inputs: WorkerInputs, base: Mapping[str, str]) -> agent.Setti
         bind_any=bind_any,
         output_in_failures=inputs.failure_output != FAILURE_OUTPUT_NONE,
         token=inputs.agent_token or "",
+        spare=inputs.was_spare,
     )
 
 

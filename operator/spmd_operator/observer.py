@@ -69,14 +69,17 @@ class Observer:
         run_id: the job's uid: a welcome naming another run (a reused pod IP, another job's
             coordinator) is refused and the connection closed.
         job: ``namespace/name``, for the log.
+        clock: Unix time now (the stamps of what is heard; a simulation passes its own).
 
     Memory is bounded however long the gang runs: the events kept per kind are the newest
     EVENTS_KEPT (the lifecycle reads the newest rounds).
     """
 
     def __init__(self, pod: tuple[str, str], address: str, port: int, wake: Callable[[], None], *,
-                 token: str = "", run_id: str | None = None, job: str = "") -> None:
+                 token: str = "", run_id: str | None = None, job: str = "",
+                 clock: Callable[[], float] = time.time) -> None:
         self.pod_name, self.pod_uid = pod
+        self.clock = clock
         self.address = address
         self.port = port
         self.wake = wake
@@ -91,7 +94,7 @@ class Observer:
         self.progress: dict[str, Any] | None = None
         self.spares_ready: int | None = None
         self.progress_at: float | None = None  # monotonic time the latest progress event came
-        self.since = time.time()
+        self.since = clock()
         #: Since when (Unix time) there has been no open connection: the start, then each drop.
         self.dark_since: float | None = self.since
         self._view: CoordinatorView | None = None
@@ -111,7 +114,7 @@ class Observer:
             self.task = None
         if self.connected:
             self.connected = False
-            self.dark_since = time.time()
+            self.dark_since = self.clock()
             self._view = None
 
     @property
@@ -179,7 +182,7 @@ class Observer:
         events = self.follower.take(message)
         if self.follower.restarted != restarted:  # a new coordinator process: its account, not ours
             self.events, self.final, self.progress, self.spares_ready = {}, None, None, None
-        now = time.time()
+        now = self.clock()
         for event in events:
             self._apply(event, now)
         self._view = None
@@ -218,7 +221,7 @@ class Observer:
             finally:
                 if self.connected:
                     self.connected = False
-                    self.dark_since = time.time()
+                    self.dark_since = self.clock()
                     self._view = None
                     self.wake()
             wait = RECONNECT_SECONDS[min(tries, len(RECONNECT_SECONDS) - 1)]

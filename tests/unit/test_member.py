@@ -42,7 +42,7 @@ TABLE = [
     (m.STOPPING, {"type": R.GO, "round": RND}, True, m.STOPPING, RND, []),
     (m.WAITING, {"type": R.GO, "round": RND}, False, m.WAITING, RND, []),
     # stop r: running processes are stopped; a member with none left joins r+1 at once
-    (m.RUNNING, {"type": R.STOP, "round": RND}, True, m.STOPPING, RND, [Do(m.STOP)]),
+    (m.RUNNING, {"type": R.STOP, "round": RND}, True, m.STOPPING, RND, [Do(m.STOP, {"type": R.STOP, "round": RND})]),
     (m.RUNNING, {"type": R.STOP, "round": RND}, False, m.JOINING, RND + 1, [join(RND + 1)]),
     (m.WAITING, {"type": R.STOP, "round": RND}, False, m.JOINING, RND + 1, [join(RND + 1)]),
     (m.RUNNING, {"type": R.STOP, "round": RND - 1}, True, m.RUNNING, RND, []),  # an old round's

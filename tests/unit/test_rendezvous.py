@@ -259,7 +259,30 @@ def test_a_replacement_that_comes_while_the_others_stop_joins_the_next_round():
     c.hello(2, "new", 3.5)  # the operator was quick
     assert [o.message["round"] for o in c.hello(2, "new", 3.5) if o.message["type"] == rv.WELCOME] == [1]
     outs = stop_all(c, 4.0)  # members 0 and 1 report, and 2 (new) joins round 1 too
+    assert sent(outs) == [], "the member that left may still be ending its processes"
+    outs = c.departed(2, "inc-2", 4.5)  # its agent ended: none of its processes runs
     assert sent(outs) == [{"type": rv.GO, "round": 1}]
+
+
+def test_the_next_round_waits_for_a_departed_members_processes_within_a_bound():
+    # A member that left (its pod deleted) ends its processes within its pod's grace: the next
+    # round starts when its agent ends, or at the latest after the grace and LEAVE_MARGIN.
+    c = machine(stop_grace=10.0)
+    start_round(c)
+    run_all(c)
+    c.lost(2, rv.LOST_LEFT, 3.0)
+    c.hello(2, "new", 3.5)
+    assert sent(stop_all(c, 4.0)) == []
+    assert sent(c.tick(3.0 + 10.0 + rv.LEAVE_MARGIN - 0.1)) == []
+    assert sent(c.tick(3.0 + 10.0 + rv.LEAVE_MARGIN)) == [{"type": rv.GO, "round": 1}]
+    # One lost without a word (its connection broke) is waited for only its own fence.
+    c = machine()
+    start_round(c)
+    run_all(c)
+    c.lost(2, rv.LOST_DISCONNECTED, 3.0)
+    c.hello(2, "new", 3.5)
+    assert sent(stop_all(c, 4.0)) == []
+    assert sent(c.tick(3.0 + rv.FENCE_SECONDS)) == [{"type": rv.GO, "round": 1}]
 
 
 def test_a_new_incarnation_supersedes_the_old_one():

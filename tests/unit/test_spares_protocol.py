@@ -44,6 +44,8 @@ def test_a_lost_member_is_taken_over_by_the_lowest_ready_spare_and_the_restart_i
     outs = c.join(2, 1, 6.2)
     [restart] = [e for e in c.history if e["type"] == rv.EV_RESTART]
     assert (restart["reason"], restart["counted"], restart["max_restarts"]) == (rv.REASON_MEMBER_LOST, 0, 0)
+    assert to(outs, ALL) == [], "member 2's old agent, lost without a word, may still be fencing itself"
+    outs = c.tick(5.0 + rv.FENCE_SECONDS)
     assert to(outs, ALL) == [{"type": rv.GO, "round": 1}], "maxRestarts 0 and still going: the loss was not counted"
     assert c.takeovers == 1 and list(c.spares) == [3]
 

@@ -7,18 +7,30 @@ out of time, and a pod that exits 0 is a lost host (:mod:`.failure`).
 from __future__ import annotations
 
 from .. import names
+from . import inplace
 from .model import EVENT_NORMAL, RESTARTING, RUNNING, SUCCEEDED, format_time
 from .status import Pass
 
 
 def succeeded(p: Pass) -> bool:
-    """Marks the job Succeeded if every pod of the current attempt succeeded; True if so."""
+    """Marks the job Succeeded if every pod of the current attempt succeeded, or (restart in
+    place) its coordinator said every rank of its last round exited 0 (an elastic round smaller
+    than the job: a pod that was not in it is stopped); True if so."""
     if p.spec.mode == names.MODE_MONARCH:
         return False
     current = p.current()
     n = p.pods_per_attempt
-    if len(current) != n or not all(pod.phase == SUCCEEDED for pod in current.values()):
+    v = inplace.view(p)
+    said = v is not None and v.final is not None and v.final.get("type") == "succeeded"
+    if not said and (len(current) != n or not all(pod.phase == SUCCEEDED for pod in current.values())):
         return False
+    if said:
+        # The last round's members end by themselves (their agents got ``finish``); a pod of an
+        # elastic job that was not in it waits for a coordinator that is gone: it is stopped.
+        started = [e for e in v.started if isinstance(e.get("round_members"), list)] if v is not None else []
+        if started:
+            members = set(started[-1]["round_members"])
+            p.stop(pod for index, pod in current.items() if index not in members)
     procs = p.spec.world_size
     p.new.update(phase=SUCCEEDED, completionTime=format_time(p.now))
     p.condition(SUCCEEDED, "True", "AllRanksSucceeded", f"all {procs} ranks exited 0")

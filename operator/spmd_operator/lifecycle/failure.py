@@ -31,6 +31,7 @@ import re
 from typing import Any, Final
 
 from monarch_spmd import policy
+from monarch_spmd.payload.names import EX_TEMPFAIL
 
 from .. import names
 from . import gang, inplace, refusal
@@ -51,6 +52,26 @@ from .status import Failure, Pass
 
 #: The last line a PerHost worker writes when one of its procs failed (payload.worker.failure_line).
 _FAILED_RANK: Final = re.compile(r"monarch-spmd worker: rank (\d+) exited with code (\d+)")
+#: Why an agent gave its gang up (exit 75): its last line (payload.agent ``_give_up``, or the
+#: coordinator's fallback verdict).
+_GAVE_UP: Final = re.compile(r"the gang must be recreated: (\w+)|\((\w+)\); the gang must be recreated")
+#: Reasons an agent gives a gang up for that are not the program's failure: its coordinator lost
+#: or unreachable (rank 0's pod or node gone), superseded by a newer pod of its member, a round
+#: that never came together, a member that never stopped. RepeatedFailure (one member failing
+#: again and again) is the program's.
+GAVE_UP_DISRUPTIONS: Final = frozenset({"CoordinatorLost", "CoordinatorUnreachable", "Superseded", "RoundTimeout",
+                                        "NotStopped", "MemberLost"})
+
+
+def gave_up(pod: PodInfo) -> str | None:
+    """Why the agent of a pod that exited 75 gave its gang up (CoordinatorLost ...), if it said."""
+    if pod.exit_code != EX_TEMPFAIL or not pod.message:
+        return None
+    found = _GAVE_UP.findall(pod.message)
+    if not found:
+        return None
+    first, second = found[-1]
+    return first or second
 
 
 def failed_rank(p: Pass, pod: PodInfo) -> int:
@@ -112,10 +133,14 @@ def failures(p: Pass) -> list[Failure]:
                                (0, "~", index)))
         elif pod.phase == FAILED or fatal_wait:
             reason = pod.reason or ("Error" if pod.exit_code else "Failed")
+            why = gave_up(pod)
+            given_up = why in GAVE_UP_DISRUPTIONS
+            if given_up:
+                reason = str(why)  # its agent gave the gang up for something not the program's
             out.append(Failure(failed_rank(p, pod), pod.name, pod.node, pod.exit_code, reason,
                                policy.failure_text(spec, pod.message),
-                               policy.is_permanent(spec, pod.exit_code, reason), pod.disrupted, False,
-                               (0, pod.finished_at or "~", index)))
+                               policy.is_permanent(spec, pod.exit_code, reason) and not given_up,
+                               pod.disrupted or given_up, False, (0, pod.finished_at or "~", index)))
         elif pod.phase == SUCCEEDED and spec.mode == names.MODE_MONARCH:
             message = (pod.message or "") + ("\n" if pod.message else "") + (
                 "the Monarch worker loop exited 0 (a client shut the host mesh down?); a Monarch-mode pod "
@@ -128,7 +153,7 @@ def failures(p: Pass) -> list[Failure]:
             message = policy.failure_text(spec, pod.message) if pod.disrupted else (
                 "the pod was deleted (evicted, drained or deleted by hand) before it finished")
             out.append(Failure(pod.rank, pod.name, pod.node, None, reason, message,
-                               policy.is_permanent(spec, None, reason), pod.disrupted, True, (1, "~", index)))
+                               policy.is_permanent(spec, None, reason), True, True, (1, "~", index)))
     if p.phase == RUNNING or p.in_place_round:
         last: dict[int, PodInfo] = {}
         for pod in p.o.gone:
@@ -148,7 +173,7 @@ def failures(p: Pass) -> list[Failure]:
             name = was.name if was is not None else names.pod_name(p.o.job, p.gang, index)
             out.append(Failure(rank, name, was.node if was else None, None,
                                REASON_POD_MISSING, "the pod disappeared while the job was running",
-                               policy.is_permanent(spec, None, REASON_POD_MISSING), False, True, (2, "~", index)))
+                               policy.is_permanent(spec, None, REASON_POD_MISSING), True, True, (2, "~", index)))
     if p.in_place:
         known = {f.pod for f in out}
         out.extend(f for f in inplace.node_losses(p)[0] if f.pod not in known)

@@ -18,6 +18,8 @@ says so. With ``TerminatingOrFailed`` the next attempt is created at once.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from monarch_spmd import policy
 
 from .. import names
@@ -76,19 +78,23 @@ def _old_pods_block(p: Pass) -> bool:
     if not blocking or p.spec.pod_replacement_policy == REPLACE_AT_ONCE:
         return False
     since = parse_time((p.o.status.get("failure") or {}).get("time")) or p.now
-    lost = inplace.lost_node(p)
-    if lost is not None:
-        # The pods of a lost node answer nobody (their deletion waits for the node controller,
-        # minutes): once the stop grace has passed, in which their agent, if it runs at all, has
-        # stopped its processes (it fences itself when it loses its coordinator), they hold
-        # nothing up; the new attempt keeps off that node.
-        fence = policy.stop_grace(p.spec) - (p.now - since).total_seconds()
-        if fence > 0:
-            p.requeue.append(fence)
-        else:
-            blocking = [pod for pod in blocking if pod.node != lost]
-            if not blocking:
-                return False
+    lost = set(p.remembered_lost_nodes())
+    if inplace.lost_node(p) is not None:
+        lost.add(str(inplace.lost_node(p)))
+    # The pods of a node judged lost answer nobody (their deletion waits for the node controller,
+    # minutes) and hold nothing up: their agents fenced themselves (docs/restart-in-place.md,
+    # "Invariants": a node is judged lost NODE_LOST_WAIT_SECONDS after its agent fell silent, by
+    # when an agent cut off but running has ended its processes; one frozen ends them within
+    # FENCE_SECONDS of its thaw). The new attempt keeps off those nodes.
+    # So do the pods deleted well past their grace that still show Running (their kubelet does
+    # not answer: their nodes are taken for lost).
+    for pod in blocking:
+        if pod.node and inplace.overdue(p, pod):
+            p.lost_nodes.add(pod.node)
+            lost.add(pod.node)
+    blocking = [pod for pod in blocking if pod.node not in lost]
+    if not blocking:
+        return False
     limit = p.spec.replacement_timeout_seconds
     waited = (p.now - since).total_seconds()
     if waited < limit:
@@ -131,11 +137,21 @@ def _waiting(p: Pass, current: dict[int, PodInfo]) -> None:
         p.event(EVENT_WARNING, reason, message)
 
 
+def kept_off_needlessly(p: Pass, pods: Iterable[PodInfo]) -> list[PodInfo]:
+    """Pods the scheduler cannot place that keep off a node no longer judged lost (it answers
+    again: its old pods ended): a pod's node affinity cannot change, so such a pod is deleted and
+    created again without it (a cluster with no node to spare would otherwise wait forever)."""
+    keep_off = set(p.avoid_nodes())
+    return [pod for pod in pods if pod.phase == PENDING and pod.unschedulable and not pod.deleting
+            and pod.node is None and set(pod.avoids) - keep_off]
+
+
 def progress(p: Pass) -> None:
     """Deletes stale pods, creates what the starting gang misses, and reports Running."""
     current = p.current()
     pods = p.pods_per_attempt
     p.delete_pods.extend(pod.name for pod in p.stale() if not pod.deleting)
+    p.delete_pods.extend(pod.name for pod in kept_off_needlessly(p, current.values()))
     if p.phase != RUNNING and not p.in_place_round:
         missing = [i for i in range(pods) if i not in current]
         if missing and not (p.phase == RESTARTING and _old_pods_block(p)):

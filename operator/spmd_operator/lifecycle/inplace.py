@@ -75,6 +75,7 @@ from .model import (
     RESTARTING,
     RUNNING,
     SUCCEEDED,
+    TAKEOVER_FAILED,
     CoordinatorView,
     PodInfo,
     format_time,
@@ -243,17 +244,25 @@ def _failure(p: Pass, event: Mapping[str, Any]) -> Failure:
             message = policy.failure_text(p.spec, lost.message) if lost.finished or lost.disrupted else None
             if reason == REASON_POD_DELETED and not message:
                 message = "the pod was deleted (evicted, drained or deleted by hand) before it finished"
-            disruption = lost.disrupted or policy.is_disruption(reason)
             return Failure(rank, lost.name, lost.node or event.get("node") or None, lost.exit_code, reason,
                            message or event.get("message"), policy.is_permanent(p.spec, lost.exit_code, reason),
-                           disruption, True, (0, "~", member))
+                           not charged(lost), True, (0, "~", member))
     name = pod.name if pod is not None else names.pod_name(p.o.job, p.gang, member)
     node = event.get("node") or (pod.node if pod is not None else None) or None
     code = _int(event.get("rank_exit_code"), _int(event.get("exit_code")))
     reason = str(event.get("reason") or "Error")
     permanent = policy.is_permanent(p.spec, code, reason) and not event.get("fallback")
-    return Failure(rank, name, node, code, reason, _text(p, event), permanent, False,
-                   reason == REASON_MEMBER_LOST, (0, "~", member))
+    lost = reason == REASON_MEMBER_LOST
+    return Failure(rank, name, node, code, reason, _text(p, event), permanent, lost, lost, (0, "~", member))
+
+
+def charged(pod: PodInfo) -> bool:
+    """Whether a lost member's pod is the program's failure: its container itself failed (an
+    OOM-killed container, a crashed worker), not taken away (deleted, evicted, its node lost),
+    ended well, or given up in place (75: its coordinator was gone). Every other loss of a member
+    is a disruption, as the coordinator takes it (rendezvous.root_cause)."""
+    return (pod.phase == FAILED and pod.exit_code not in (None, 0, EX_TEMPFAIL) and not pod.deleting
+            and not pod.disrupted)
 
 
 def _takeover(p: Pass, member: int, round_: int | None = None) -> Mapping[str, Any] | None:
@@ -262,7 +271,7 @@ def _takeover(p: Pass, member: int, round_: int | None = None) -> Mapping[str, A
     v = view(p)
     for event in reversed(v.takeovers if v is not None else ()):
         if _int(event.get("member")) == member and (round_ is None or _int(event.get("round")) == round_):
-            return event
+            return None if event.get("state") == TAKEOVER_FAILED else event
     return None
 
 
@@ -275,21 +284,35 @@ def _taken_over(p: Pass, member: int, event: Mapping[str, Any], took: Mapping[st
     """The restart of a member whose place a hot spare took: a disruption, never a recreation."""
     spare = _int(took.get("spare"))
     spare_pod = names.spare_pod_name(p.o.job, p.gang, spare) if spare is not None else "a spare"
-    older = [g for g in (*p.o.pods, *p.o.gone) if g.restart == p.gang and p.index(g) == member
-             and g.name != spare_pod]
-    lost = max(older, key=lambda g: g.replacement) if older else None
+    lost = member_before_takeover(p, member, took)
     name = lost.name if lost is not None else names.pod_name(p.o.job, p.gang, member)
-    silent = event.get("reason") == REASON_MEMBER_LOST and silent_loss(p, member) is not None
+    silent = (event.get("reason") == REASON_MEMBER_LOST and silent_loss(p, member) is not None
+              and (lost is None or alive(lost)))
     reason = REASON_NODE_LOST if silent else REASON_MEMBER_LOST
+    if silent and lost is not None and lost.node:
+        p.lost_nodes.add(lost.node)
     message = (f"{event.get('message') or f'the agent of pod {name} is gone'}; hot spare pod {spare_pod} took its "
                f"place (on node {took.get('node') or '?'})")
     node = (lost.node if lost is not None else None) or None
     return Failure(member * p.procs_per_pod, name, node, None, reason, message, False, True, True, (0, "~", member))
 
 
-def _alive(pod: PodInfo) -> bool:
+def member_before_takeover(p: Pass, member: int, took: Mapping[str, Any]) -> PodInfo | None:
+    """The pod that held member ``member`` before the spare of ``took`` (a ``takeover``) took
+    its place: the newest other pod of that index (still listed, or deleted lately)."""
+    spare = _int(took.get("spare"))
+    spare_pod = names.spare_pod_name(p.o.job, p.gang, spare) if spare is not None else None
+    older = [g for g in (*p.o.pods, *p.o.gone) if g.restart == p.gang and g.spare is None and p.index(g) == member
+             and g.name != spare_pod]
+    return max(older, key=lambda g: g.replacement) if older else None
+
+
+def alive(pod: PodInfo) -> bool:
     """The pod shows Running and nothing else: no deletion, no end, no node-loss condition."""
     return pod.phase == RUNNING and not pod.deleting and not pod.disrupted
+
+
+_alive = alive
 
 
 def silent_loss(p: Pass, member: int) -> Mapping[str, Any] | None:
@@ -309,8 +332,11 @@ def _node_lost(p: Pass, member: int, pod: PodInfo, how: str) -> Failure:
                 "again; it joins the gang when it is placed")
     message = (f"the agent of pod {pod.name} went silent ({how}) while the pod still shows Running: its node "
                f"{node or '(unknown)'} is lost, frozen or cut off; {then}")
+    if node:
+        p.lost_nodes.add(node)
+    # First among the failures it explains (the agents that gave up when rank 0's node went).
     return Failure(member * p.procs_per_pod, pod.name, node, None, REASON_NODE_LOST, message, False, True, True,
-                   (1, "~", member))
+                   (-1, "~", member))
 
 
 def _waited(p: Pass, received: Any) -> float:
@@ -346,7 +372,8 @@ def node_losses(p: Pass) -> tuple[list[Failure], float]:
     zero = current.get(0)
     gave_up = [pod for i, pod in current.items() if i != 0 and pod.phase == FAILED and pod.exit_code == EX_TEMPFAIL
                and rendezvous.REASON_COORDINATOR_LOST in (pod.message or "")]
-    if zero is not None and _alive(zero) and gave_up and 0 not in out:
+    heard = v is not None and v.connected  # the operator hears the coordinator: rank 0's node answers
+    if zero is not None and _alive(zero) and gave_up and 0 not in out and not heard:
         ended = [parse_time(pod.finished_at) for pod in gave_up]
         first = min((t for t in ended if t is not None), default=p.now)
         waited = (p.now - first).total_seconds()
@@ -354,6 +381,11 @@ def node_losses(p: Pass) -> tuple[list[Failure], float]:
             pending.append(NODE_LOST_WAIT_SECONDS - waited)
         else:
             out[0] = _node_lost(p, 0, zero, f"{len(gave_up)} member(s) lost their coordinator in it")
+    if (zero is not None and zero.phase == RUNNING and not zero.ready and not zero.deleting and 0 not in out
+            and v is not None and v.heard and not heard):
+        # The node controller marked rank 0's pod not ready (its node stopped reporting) while
+        # the operator, which heard its coordinator before, hears it no more.
+        out[0] = _node_lost(p, 0, zero, "its node stopped reporting and the operator hears it no more")
     return list(out.values()), min(pending, default=0.0)
 
 
@@ -514,8 +546,19 @@ def replace_lost(p: Pass, found: list[Failure]) -> bool:
             return False
         if pod is not None and (pod.phase in (PENDING, SUCCEEDED, "Unknown") and not pod.deleting):
             return False  # one that cannot start, or ended well: not a lost member
-        if pod is not None and pod.exit_code == EX_TEMPFAIL:
-            return False  # its agent gave up in place: the gang must be recreated
+        # (A pod whose agent gave up (75) while the coordinator, heard now, gave no verdict was cut
+        # off from it alone: it is replaced like any lost member.)
+        if pod is not None and pod.deleting and not pod.finished and overdue(p, pod):
+            # Deleted, yet its kubelet never ended it: its node does not answer (frozen, cut
+            # off). Its agent fenced itself (or will, once it runs again); its place is taken now.
+            if pod.node:
+                p.lost_nodes.add(pod.node)
+            todo.append(index)
+            continue
+        if (pod is None or pod.finished) and _spare_may_come(p, v, index, pod):
+            p.requeue.append(1.0)  # a ready spare is given the place by the coordinator first
+            p.counts(current)
+            return True
         if pod is None or pod.finished:
             todo.append(index)
         elif pod.deleting:
@@ -531,6 +574,8 @@ def replace_lost(p: Pass, found: list[Failure]) -> bool:
         parts = [f"creating {replaced} alone" if replaced else "",
                  f"waiting for {', '.join(w.name for w in waiting)} to terminate before it is replaced" if waiting else ""]
         before = next((c for c in p.conditions if c.get("type") == RESTARTING), {})
+        if before.get("reason") not in ("RestartingInPlace", "Resizing"):
+            before = {}  # another wait's words (the old pods of a recreated gang): not this one's
         text = "; ".join(x for x in parts if x)
         if text and text not in (before.get("message") or ""):
             p.condition(RESTARTING, "True", before.get("reason") or "RestartingInPlace",
@@ -538,6 +583,33 @@ def replace_lost(p: Pass, found: list[Failure]) -> bool:
     p.counts(current)
     p.pods_lost = bool(todo or waiting)
     return True
+
+
+#: Seconds past its grace period after which a pod being deleted that still shows Running is
+#: taken for one on a node that does not answer: its kubelet would have killed it by then.
+DELETE_OVERDUE_SECONDS: Final = 10.0
+
+
+def overdue(p: Pass, pod: PodInfo) -> bool:
+    """A pod deleted more than its grace period (the stop grace) and DELETE_OVERDUE_SECONDS ago
+    that still shows Running: its node's kubelet is not answering."""
+    asked = parse_time(pod.deleted_at)
+    if asked is None or pod.finished or pod.phase != RUNNING:
+        return False
+    return (p.now - asked).total_seconds() > policy.stop_grace(p.spec) + DELETE_OVERDUE_SECONDS
+
+
+def _spare_may_come(p: Pass, v: CoordinatorView, member: int, pod: PodInfo | None) -> bool:
+    """Whether a lost member's place may yet go to a hot spare, so no pod is created for it now:
+    spares are ready, and the coordinator has not said it lost the member in the round that
+    runs (or the one before) for at most LOST_WAIT_SECONDS after the pod ended. Its ``lost``
+    and ``takeover`` events come together; a pod created meanwhile would be turned away."""
+    if p.spec.spares <= 0 or not v.spares_ready:
+        return False
+    if any(_int(e.get("member")) == member and recent(v, e) for e in v.lost):
+        return False
+    ended = parse_time(pod.finished_at) if pod is not None else None
+    return ended is not None and (p.now - ended).total_seconds() < LOST_WAIT_SECONDS
 
 
 @dataclass(frozen=True)

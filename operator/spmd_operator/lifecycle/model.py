@@ -110,6 +110,9 @@ class PodInfo:
             the observer's hello carries it, a replacement gets it; None when it has none.
         spare: a hot spare's index (label ``spmd.monarch.dev/spare``, no rank label: ``rank`` is
             -1); None for a pod of the gang (a spare that took a lost pod's place is one).
+        deleted_at: when its deletion was asked (RFC 3339, ``deletionTimestamp``), if it was.
+        avoids: the nodes its required node affinity keeps it off (``kubernetes.io/hostname
+            NotIn``: nodes lost when it was created).
     """
 
     name: str
@@ -133,6 +136,8 @@ class PodInfo:
     joins: int | None = None
     agent_token: str | None = field(default=None, repr=False)
     spare: int | None = None
+    deleted_at: str | None = None
+    avoids: tuple[str, ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -214,7 +219,21 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo | None:
         joins=_joins(body.get("spec") or {}) if replacement > 0 else None,
         agent_token=_env_value(body.get("spec") or {}, AGENT_TOKEN_VAR) if replacement == 0 and spare is None else None,
         spare=spare,
+        deleted_at=meta.get("deletionTimestamp") or None,
+        avoids=_avoided(body.get("spec") or {}),
     )
+
+
+def _avoided(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    """The nodes a pod's required node affinity keeps it off by name (hostname NotIn)."""
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution") or {}
+    out: set[str] = set()
+    for term in required.get("nodeSelectorTerms") or []:
+        for expression in (term or {}).get("matchExpressions") or []:
+            if expression.get("key") == "kubernetes.io/hostname" and expression.get("operator") == "NotIn":
+                out.update(str(v) for v in expression.get("values") or [])
+    return tuple(sorted(out))
 
 
 def _trainer(spec: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -358,6 +377,10 @@ class Refusal:
     index: int | None = None
 
 
+#: A ``takeover`` event's state when the spare never said hello in the member's place.
+TAKEOVER_FAILED: Final = "failed"
+
+
 @dataclass(frozen=True)
 class CoordinatorView:
     """What the operator heard from a gang's restart-in-place coordinator (the agent of its rank-0
@@ -403,13 +426,14 @@ class CoordinatorView:
     spares_ready: int | None = None
 
     def taken_over(self) -> dict[int, Mapping[str, Any]]:
-        """Each member whose place a spare took, with its latest ``takeover`` event."""
+        """Each member whose place a spare took, with its latest ``takeover`` event (one whose
+        spare never arrived, ``state`` failed, gives the place back)."""
         out: dict[int, Mapping[str, Any]] = {}
         for event in self.takeovers:
             member = event.get("member")
             if isinstance(member, int) and not isinstance(member, bool):
                 out[member] = event
-        return out
+        return {m: e for m, e in out.items() if e.get("state") != TAKEOVER_FAILED}
 
     @property
     def heard(self) -> bool:

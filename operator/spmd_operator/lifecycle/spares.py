@@ -25,6 +25,7 @@ from typing import Final
 
 from monarch_spmd.spec import JobSpec
 
+from . import gang as _gang
 from . import inplace
 from .model import PENDING, RESTARTING, RUNNING
 from .status import Pass
@@ -42,6 +43,8 @@ def tend(p: Pass) -> None:
     for spare in o.spares:
         if not spare.finished and not spare.deleting and (not active or spare.restart != gang):
             p.delete_pods.append(spare.name)
+    if active:
+        p.delete_pods.extend(s.name for s in _gang.kept_off_needlessly(p, o.spares))
     if not active:
         if valid and p.spec.spares > 0 and "spares" in p.new and phase not in (PENDING, RUNNING, RESTARTING):
             p.new["spares"] = {**p.new["spares"], "ready": 0}
@@ -52,14 +55,18 @@ def tend(p: Pass) -> None:
     used = set(waiting)
     for member, event in taken.items():
         silent = inplace.silent_loss(p, member)
-        if silent is not None and silent.get("node") and v is not None and inplace.recent(v, event):
-            p.lost_nodes.add(str(silent["node"]))  # its node froze just now: the next spare keeps off it
+        lost = inplace.member_before_takeover(p, member, event)
+        if (silent is not None and silent.get("node") and v is not None and inplace.recent(v, event)
+                and lost is not None and inplace.alive(lost)):
+            # Its agent fell silent while its pod still shows Running (not deleted: a drain's
+            # pods say so): its node froze just now, and the next spare keeps off it.
+            p.lost_nodes.add(str(silent["node"]))
         spare = event.get("spare")
         if not isinstance(spare, int) or isinstance(spare, bool):
             continue
         used.add(spare)
         pod = waiting.pop(spare, None)
-        if pod is not None and 0 < member < p.pods_per_attempt:
+        if pod is not None and not pod.finished and 0 < member < p.pods_per_attempt:
             p.adopt.append((pod.name, member, p.next_replacement(member)))
     for pod in (*o.pods, *o.gone):
         found = _SPARE_NAME.search(pod.name) if pod.restart == gang else None

@@ -30,6 +30,7 @@ from .model import (
     Plan,
     PodInfo,
     format_time,
+    parse_time,
 )
 
 #: How much of a failure's message is kept in status.failure.message.
@@ -39,6 +40,11 @@ MESSAGE_CHARS = 2048
 #: rank, its exit code, the round and the outcome (docs/restart-in-place.md).
 VERDICT_LINE: Final = re.compile(
     r"^monarch-spmd worker: rank (\d+) exited with code (\d+)(?: \(local rank \d+\))? in restart (\d+); (.*)$")
+
+#: How long a node judged lost is remembered (status.lostNodes): its pods hold no new attempt up
+#: and new pods keep off it (the node controller marks an unreachable node NotReady within 40 s;
+#: its pods are deleted after 5 minutes).
+LOST_NODE_SECONDS: Final = 600.0
 
 #: The most of a failure's last line that its one-line description keeps.
 DESCRIBED_LINE: Final = 300
@@ -198,8 +204,8 @@ class Pass:
         self.spares: list[int] = []
         self.spare_restart = 0
         self.adopt: list[tuple[str, int, int]] = []
-        #: Nodes lost under this gang that the pods created in this pass keep off besides the
-        #: current failure's (a member whose place a spare took, before its restart is recorded).
+        #: Nodes judged lost in this pass (a member's agent fell silent while its pod showed
+        #: Running): remembered in status.lostNodes (:meth:`plan`).
         self.lost_nodes: set[str] = set()
         self._current: tuple[int, dict[int, PodInfo]] | None = None
 
@@ -337,7 +343,27 @@ class Pass:
             self.new["reason"] = chosen.get("reason", "")
             self.new["message"] = (chosen.get("message") or "")[:MESSAGE_CHARS]
 
+    def remembered_lost_nodes(self) -> dict[str, str]:
+        """Nodes judged lost under this job within LOST_NODE_SECONDS, with when (RFC 3339): the
+        pods of older attempts there never hold the next one up (they answer nobody; their
+        agents fenced themselves), and the pods created keep off them."""
+        out: dict[str, str] = {}
+        for entry in self.new.get("lostNodes") or []:
+            if not isinstance(entry, Mapping) or not isinstance(entry.get("node"), str):
+                continue
+            at = parse_time(entry.get("time"))
+            if at is not None and (self.now - at).total_seconds() < LOST_NODE_SECONDS:
+                out[entry["node"]] = str(entry["time"])
+        for node in self.lost_nodes:
+            out.setdefault(node, format_time(self.now))
+        return out
+
     def plan(self) -> Plan:
+        lost = self.remembered_lost_nodes()
+        if lost or self.new.get("lostNodes"):
+            self.new["lostNodes"] = [{"node": n, "time": t} for n, t in sorted(lost.items())] or None
+            if self.new["lostNodes"] is None:
+                del self.new["lostNodes"]
         self.summarize()
         generation = self.o.generation
         if generation is not None:
@@ -377,14 +403,16 @@ class Pass:
         )
 
     def avoid_nodes(self) -> tuple[str, ...]:
-        """The node the current failure was lost with (reason NodeLost), and :attr:`lost_nodes`,
-        for the pods created."""
+        """For the pods created: the nodes judged lost lately (:meth:`remembered_lost_nodes`, and
+        the current failure's, reason NodeLost) that still hold a pod of the job its kubelet never
+        ended (the scheduler would think such a node Ready for up to 40 s). A lost node whose pods
+        ended is answering again: no need to keep off it."""
         failure = self.new.get("failure") or {}
-        node = failure.get("node")
-        nodes = set(self.lost_nodes)
-        if failure.get("reason") == REASON_NODE_LOST and node:
-            nodes.add(str(node))
-        return tuple(sorted(nodes))
+        lost = set(self.remembered_lost_nodes())
+        if failure.get("reason") == REASON_NODE_LOST and failure.get("node"):
+            lost.add(str(failure["node"]))
+        silent = {p.node for p in (*self.o.pods, *self.o.spares) if p.node and not p.finished}
+        return tuple(sorted(lost & silent))
 
     def new_gang(self) -> int:
         """The attempt of the gang the status this pass writes names (gangRestart, else restarts)."""

@@ -153,7 +153,7 @@ def test_a_lost_member_that_the_cluster_evicted_is_a_disruption():
     assert "pod " + pod_name(2) + " to be created again alone" in plan.events[0].message
 
 
-def test_a_lost_member_waits_briefly_for_its_pod_to_say_why_then_counts():
+def test_a_lost_member_waits_briefly_for_its_pod_to_say_why_then_is_a_disruption():
     st = status("Running")
     lost = restart_event(rank=None, member=1, code=None, reason="MemberLost", tail=[],
                          message="member 1's agent is gone (Disconnected)", received=T - 0.5)
@@ -162,7 +162,8 @@ def test_a_lost_member_waits_briefly_for_its_pod_to_say_why_then_counts():
     assert 1.0 <= plan.requeue_after <= 1.5
     later = run(st=st, pods=gang("Running"), coordinator=view(restarts=[dict(lost, received=T - 3)]))
     new = apply(st, later)
-    assert (new["restarts"], new["failure"]["reason"], new["failure"]["disruption"]) == (1, "MemberLost", False)
+    # A member lost is the program's failure only when its pod's own container failed.
+    assert (new["restarts"], new["failure"]["reason"], new["failure"]["disruption"]) == (1, "MemberLost", True)
     pods = deleting(gang("Running"))
     seen = run(st=st, pods=pods, coordinator=view(restarts=[lost]))
     assert apply(st, seen)["failure"]["reason"] == "PodDeleted", "its pod is being deleted: said at once"
@@ -221,8 +222,6 @@ def test_what_cannot_be_replaced_alone_recreates_the_gang():
         "the coordinator is not heard": ([*gang("Running")[:2], pod(2, "Failed", exit_code=143), pod(3)], None),
         "the connection is down": ([*gang("Running")[:2], pod(2, "Failed", exit_code=143), pod(3)],
                                    view(round_=0, phase="stopping", connected=False)),
-        "its agent gave up in place (75)": ([*gang("Running")[:2], pod(2, "Failed", exit_code=75), pod(3)],
-                                            view(round_=0, phase="running")),
     }
     for what, (pods, coordinator) in cases.items():
         plan = run(st=st, pods=pods, coordinator=coordinator)
@@ -494,9 +493,20 @@ def test_a_member_that_said_why_it_went_is_not_a_node_loss():
     assert apply(st, plan)["failure"]["reason"] == "MemberLost", "it left (a signal): not silence"
 
 
+def test_a_member_that_gave_up_alone_while_the_coordinator_is_heard_is_replaced_alone():
+    # Cut off from its coordinator (its node partitioned a while), it fenced itself and exited 75;
+    # the coordinator, heard, lives on: only that pod is created again.
+    st = status("Running")
+    message = ("monarch-spmd worker: lost the coordinator at hello-m0:29400 (the rank-0 pod's agent) "
+               "(CoordinatorLost); the gang must be recreated")
+    pods = [*gang("Running")[:2], pod(2, "Failed", exit_code=75, message=message), pod(3)]
+    plan = run(st=st, pods=pods, coordinator=view(round_=1, phase="joining"))
+    assert plan.replace == ((2, 1),) and plan.delete_pods == ()
+
+
 def test_rank_zeros_node_lost_the_members_give_up_and_the_gang_is_recreated_as_a_disruption():
     st = status("Running")
-    pods = gang("Running")
+    pods = [dataclasses.replace(p, ready=True) for p in gang("Running")]
     message = ("monarch-spmd worker: lost the coordinator at hello-m0:29400 (the rank-0 pod's agent) "
                "(CoordinatorLost); the gang must be recreated")
     for r in (1, 2, 3):
@@ -512,7 +522,10 @@ def test_rank_zeros_node_lost_the_members_give_up_and_the_gang_is_recreated_as_a
     assert (new["failure"]["reason"], new["failure"]["pod"], new["failure"]["node"]) == ("NodeLost", pod_name(0), "node-0")
 
 
-def test_the_lost_nodes_pods_hold_the_next_attempt_only_for_the_stop_grace_and_it_keeps_off_that_node():
+def test_the_lost_nodes_pods_never_hold_the_next_attempt_and_it_keeps_off_that_node():
+    # Judged lost 5 s after its agent fell silent: by then an agent that runs at all has fenced
+    # itself (it ends its processes within FENCE_GRACE of losing its coordinator), and one frozen
+    # does so when it thaws. Nothing of the old gang waits for it.
     failure = {"reason": "NodeLost", "node": "node-2", "pod": pod_name(2), "rank": 2, "restart": 0,
                "disruption": True, "permanent": False, "time": "2026-01-01T11:59:50Z"}
     st = status("Restarting", restarts=1, disruptions=1, failure=failure)
@@ -521,18 +534,21 @@ def test_the_lost_nodes_pods_hold_the_next_attempt_only_for_the_stop_grace_and_i
     grace = {"terminationGracePeriodSeconds": 30}
     s = spec(template={"spec": grace})
     plan = run(s=s, st=st, pods=old)
-    assert plan.create == () and 19.0 <= plan.requeue_after <= 21.0, "within the grace its agent may still stop"
-    plan = run(s=s, st=st, pods=old, now=NOW + dt.timedelta(seconds=21))
     assert plan.create == (0, 1, 2, 3) and plan.restart == 1
-    assert plan.avoid_nodes == ("node-2",)
+    assert plan.avoid_nodes == ("node-2",), "its pod there never ended: the node does not answer"
+    answered = [*old[:2], pod(2, "Failed", exit_code=137), old[3]]
+    plan = run(s=s, st=st, pods=answered)
+    assert plan.avoid_nodes == (), "its pod ended: the node answers again"
     still = [pod(0, "Running"), *old[1:]]  # a pod of a healthy node still terminating holds it up as ever
-    plan = run(s=s, st=st, pods=[dataclasses.replace(still[0], deleting=True), *still[1:]],
-               now=NOW + dt.timedelta(seconds=21))
+    plan = run(s=s, st=st, pods=[dataclasses.replace(still[0], deleting=True), *still[1:]])
     assert plan.create == ()
 
 
 def test_a_running_gang_the_operator_cannot_hear_for_30s_is_said_in_a_condition_until_it_is_heard_again():
     st = status("Running")
+
+    def gang(phase):  # their pods Ready: their nodes report
+        return [dataclasses.replace(p, ready=True) for p in globals()["gang"](phase)]
     dark = dataclasses.replace(view(round_=0, phase="running", connected=False), dark_since=T - 10,
                                error="ConnectionRefusedError: [Errno 111] Connection refused")
     plan = run(st=st, pods=gang("Running"), coordinator=dark)
@@ -552,3 +568,19 @@ def test_a_running_gang_the_operator_cannot_hear_for_30s_is_said_in_a_condition_
     assert (c["status"], c["reason"]) == ("True", "CoordinatorReachable")
     quiet = run(st=st, pods=gang("Running"), coordinator=view(round_=0, phase="running"))
     assert cond(apply(st, quiet), "CoordinatorReachable") is None, "no condition for a job never out of sight"
+
+
+def test_rank_zeros_pod_marked_not_ready_while_the_operator_hears_it_no_more_is_a_lost_node():
+    # A node that stops reporting has its pods marked not ready by the node controller (40 s);
+    # their phase stays Running. With the operator cut off from the coordinator it heard before,
+    # rank 0's node is taken for lost, whether or not a member has given up yet.
+    st = status("Running")
+    pods = [dataclasses.replace(p, ready=True) for p in gang("Running")]
+    dark = view(round_=0, phase="running", connected=False)
+    plan = run(st=st, pods=pods, coordinator=dark)
+    assert plan.status.get("phase") in (None, "Running"), "its pod still ready: its node reports"
+    pods[0] = dataclasses.replace(pods[0], ready=False)
+    new = apply(st, run(st=st, pods=pods, coordinator=dark))
+    assert (new["phase"], new["failure"]["reason"], new["failure"]["node"]) == ("Restarting", "NodeLost", "node-0")
+    heard = view(round_=0, phase="running")
+    assert run(st=st, pods=pods, coordinator=heard).status.get("phase") in (None, "Running"), "heard: not lost"

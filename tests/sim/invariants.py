@@ -1,0 +1,232 @@
+"""The invariants of failure handling (docs/restart-in-place.md, "Invariants"), as checks of a simulated run.
+
+Checked after every step (:func:`every_step`), on every status write (:func:`on_status`) and at
+the end of a run (:func:`at_end`). Each raises :class:`~.core.Violation` naming the invariant.
+
+1. counting: a disruption (a lost pod or node, an eviction, a takeover, a membership change) and
+   what follows from it in its round never count: restarts counted (status.restarts -
+   status.disruptions, and the coordinator's own) never exceed the rank failures injected.
+2. no failure from disruptions: a job fails only on a permanent failure, or when the counted
+   failures injected exceed maxRestarts.
+3. one process per rank, one round at a time: no two processes of one rank run at once, and
+   every rank process running belongs to one round; a process on a node that was frozen runs at
+   most FENCE_SECONDS after its node thaws (it was stopped there, it runs again with the rest of
+   its node, and its agent, cut off, ends it).
+4. no needless recreation: a gang whose members are all live is never given up (the
+   coordinator's fallback) nor recreated by the operator, unless one member failed again and
+   again (RepeatedFailure).
+5. liveness: after the last fault the job trains again (every rank of one round running, the
+   phase Running) within :func:`bound`, or it ended (Succeeded, or Failed by rule 2).
+6. agreement: once it trains again, the operator's status says what the coordinator says:
+   restarts, disruptions, spares ready, an elastic round's members.
+7. bounded pods: the pods a job creates are bounded by its size and the faults it met.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from monarch_spmd.payload import rendezvous
+from spmd_operator import lifecycle
+
+from .core import Violation
+
+if TYPE_CHECKING:
+    from .sim import Sim
+
+#: The longest a rank process may run after its node's traffic comes back (a thaw, a partition
+#: healed) while its round is over: its agent, cut off from its coordinator, ends it within its
+#: loop's turn and the fence (rendezvous.FENCE_SECONDS).
+FENCE_SECONDS = rendezvous.FENCE_SECONDS
+
+
+def bound(sim: Sim) -> float:
+    """Seconds after the last fault within which the job trains again (or ends)."""
+    s = sim.schedule
+    backoff = 4 * s["backoff"] if sim.real_failures >= 2 else 0.0
+    # A pod stuck terminating on a node no one judged lost (its agent was heard by no one) holds
+    # the next attempt up for replacementTimeoutSeconds, as it should.
+    stuck = sim.spec.replacement_timeout_seconds if any(f["kind"] in ("freeze", "freeze_spare", "partition")
+                                                        for f in s["faults"]) else 0.0
+    return 60.0 + s["grace"] + backoff + (s.get("elastic_wait") or 0.0) + stuck
+
+
+def _running(sim: Sim) -> list[Any]:
+    return [r for r in sim.cluster.ranks if r.alive]
+
+
+def every_step(sim: Sim) -> None:
+    now = sim.world.now
+    active = []
+    for rank in _running(sim):
+        node = rank.node
+        if node.cut:
+            continue  # stopped, or cut off: it reaches nothing of the gang
+        if node.back_at is not None and rank.started < node.back_at and now - node.back_at <= FENCE_SECONDS:
+            continue  # back from a freeze or a partition: its agent ends it within the fence
+        active.append(rank)
+    by_rank: dict[int, Any] = {}
+    for rank in active:
+        if rank.rank in by_rank:
+            other = by_rank[rank.rank]
+            raise Violation(f"invariant 3 (one process per rank): rank {rank.rank} runs twice: pid {other.pid} "
+                            f"(round {other.round}, {other.node.name}) and pid {rank.pid} (round {rank.round}, "
+                            f"{rank.node.name})")
+        by_rank[rank.rank] = rank
+    rounds = sorted({r.epoch for r in active})
+    if len(rounds) > 1:
+        raise Violation(f"invariant 3 (one round at a time): processes of (gang, round) {rounds} run at once: "
+                        + ", ".join(f"rank {r.rank} g{r.gang}r{r.round} on {r.node.name}" for r in active))
+    _counting(sim)
+    _failed(sim)
+    _fallbacks(sim)
+
+
+def _counting(sim: Sim) -> None:
+    st = sim.operator.status
+    counted = int(st.get("restarts") or 0) - int(st.get("disruptions") or 0)
+    if counted > sim.real_failures:
+        raise Violation(f"invariant 1 (counting): the status counts {counted} restarts (restarts "
+                        f"{st.get('restarts')}, disruptions {st.get('disruptions')}) for {sim.real_failures} rank "
+                        "failures")
+    for worker in sim.coordinators:
+        if worker.hub is None or worker.exit_code is not None:
+            continue
+        m = worker.hub.machine
+        if m.round - m.disruptions > sim.real_failures:
+            raise Violation(f"invariant 1 (counting): the coordinator of {worker.pod.name} counts "
+                            f"{m.round - m.disruptions} restarts (round {m.round}, disruptions {m.disruptions}) for "
+                            f"{sim.real_failures} rank failures")
+
+
+def _failed(sim: Sim) -> None:
+    st = sim.operator.status
+    if st.get("phase") != "Failed":
+        return
+    if sim.permanent or sim.real_failures > sim.schedule["max_restarts"]:
+        return
+    failure = st.get("failure") or {}
+    raise Violation(f"invariant 2 (no failure from disruptions): the job failed ({failure.get('reason')}: "
+                    f"{str(failure.get('message'))[:300]}) after {sim.real_failures} rank failures with maxRestarts "
+                    f"{sim.schedule['max_restarts']} and no permanent one")
+
+
+def _live(worker: Any) -> bool:
+    pod = worker.pod
+    return (worker.exit_code is None and worker.alive and worker.role == "agent" and not pod.deleting
+            and pod.node is not None and not pod.node.cut and pod.phase == "Running")
+
+
+def _fallbacks(sim: Sim) -> None:
+    for worker in sim.coordinators:
+        m = worker.hub.machine if worker.hub is not None else None
+        if m is None or id(m) in sim.checked_fallbacks or m.phase != rendezvous.FAILED or m.outcome is None:
+            continue
+        sim.checked_fallbacks.add(id(m))
+        outcome = m.outcome
+        if not outcome.get("fallback") or outcome.get("reason") == rendezvous.REASON_REPEATED:
+            continue
+        members = _gang_workers(sim, worker)
+        if len(members) == m.members and all(_live(w) for w in members.values()):
+            raise Violation(f"invariant 4 (no needless recreation): the coordinator of {worker.pod.name} gave the "
+                            f"gang up ({outcome.get('reason')}: {outcome.get('message')}) while every member was live")
+
+
+def _gang_workers(sim: Sim, coordinator: Any) -> dict[int, Any]:
+    """The agents of the coordinator's gang, by member (the newest pod of each index)."""
+    gang = coordinator.pod.info().restart
+    out: dict[int, Any] = {}
+    best: dict[int, int] = {}
+    for pod in sim.cluster.pods.values():
+        info = pod.info()
+        if info is None or info.spare is not None or info.restart != gang:
+            continue
+        m = info.rank // sim.schedule["procs"]
+        if m not in best or info.replacement > best[m]:
+            best[m] = info.replacement
+            out[m] = pod.worker
+    return {m: w for m, w in out.items() if w is not None}
+
+
+def on_status(sim: Sim, before: dict[str, Any], after: dict[str, Any], plan: lifecycle.Plan) -> None:
+    """Invariant 4 on the operator's side: a gang recreated while every member was live; and a
+    new attempt never waits for a pod on a node judged lost."""
+    waiting = next((c for c in after.get("conditions") or [] if c.get("type") == "Restarting"
+                    and c.get("reason") == "WaitingForOldPods"), None)
+    was = next((c for c in before.get("conditions") or [] if c.get("type") == "Restarting"), {})
+    if waiting is not None and waiting.get("message") != was.get("message"):
+        lost = {e.get("node") for e in after.get("lostNodes") or []}
+        failure = after.get("failure") or {}
+        if failure.get("reason") == "NodeLost":
+            lost.add(failure.get("node"))
+        attempt = after.get("restarts")
+        old = [p.info() for p in sim.cluster.pods.values()]
+        old = [i for i in old if i is not None and i.spare is None and i.restart != attempt
+               and i.phase not in ("Succeeded", "Failed")]
+        elsewhere = [i for i in old if i.node not in lost]
+        found = re.fullmatch(r"waiting for (\d+) pods of the previous attempt .*podReplacementPolicy\)",
+                             str(waiting.get("message")))
+        if found and int(found.group(1)) > len(elsewhere):
+            held = [i.name for i in old if i.node in lost]
+            raise Violation(f"invariant 5 (liveness): attempt {attempt} waits for pods on nodes judged lost "
+                            f"({', '.join(held)}): {waiting.get('message')}")
+    restarting = next((c for c in after.get("conditions") or [] if c.get("type") == "Restarting"), {})
+    if restarting.get("reason") != "GangRestart" or before.get("restarts") == after.get("restarts"):
+        return
+    failure = after.get("failure") or {}
+    if failure.get("reason") == rendezvous.REASON_REPEATED or failure.get("permanent"):
+        return
+    gang = before.get("gangRestart", before.get("restarts", 0)) or 0
+    workers = {}
+    for pod in sim.cluster.pods.values():
+        info = pod.info()
+        if info is not None and info.spare is None and info.restart == gang and pod.worker is not None:
+            m = info.rank // sim.schedule["procs"]
+            if m not in workers or info.replacement > workers[m][0]:
+                workers[m] = (info.replacement, pod.worker)
+    members = sim.schedule["pods"]
+    if len(workers) == members and all(_live(w) for _, w in workers.values()):
+        raise Violation(f"invariant 4 (no needless recreation): the operator recreates the gang (attempt "
+                        f"{after.get('restarts')}: {failure.get('reason')}: {str(failure.get('message'))[:200]}) while "
+                        "every member is live")
+
+
+def at_end(sim: Sim) -> None:
+    st = sim.operator.status
+    phase = st.get("phase")
+    s = sim.schedule
+    created_bound = (s["pods"] + s.get("spares", 0)) * (2 + 2 * len(s["faults"]))
+    if sim.cluster.created > created_bound:
+        raise Violation(f"invariant 7 (bounded pods): {sim.cluster.created} pods created (bound {created_bound})")
+    if phase in ("Succeeded", "Failed"):
+        return
+    if any(p.node is not None and p.node.frozen and not p.started for p in sim.cluster.pods.values()):
+        return  # a pod bound to a node that froze before it started: the cluster never runs it (the
+        #        job's bound is spec.scheduling.timeoutSeconds, the user's choice)
+    active = [r for r in _running(sim) if not r.node.frozen]
+    rounds = sorted({r.epoch for r in active})
+    want = s["pods"] * s["procs"]
+    least = (s.get("min") or s["pods"]) * s["procs"]
+    if phase != "Running" or len(rounds) != 1 or not least <= len(active) <= want:
+        raise Violation(f"invariant 5 (liveness): {bound(sim):.0f}s after the last fault the job is {phase} "
+                        f"({st.get('reason')}: {str(st.get('message'))[:300]}) with {len(active)} rank(s) running "
+                        f"in round(s) {rounds}")
+    coordinator = next((w for w in sim.coordinators if w.hub is not None and w.exit_code is None
+                        and not w.pod.removed and w.pod.info().restart == (st.get("gangRestart", st.get("restarts")))),
+                       None)
+    if coordinator is None:
+        return
+    m = coordinator.hub.machine
+    if m.phase != rendezvous.RUNNING_PHASE:
+        return
+    said = {"restarts": int(st.get("restarts") or 0), "disruptions": int(st.get("disruptions") or 0)}
+    heard = {"restarts": m.round, "disruptions": m.disruptions}
+    if s.get("spares"):
+        said["spares ready"] = int((st.get("spares") or {}).get("ready") or 0)
+        heard["spares ready"] = len(m.spares)
+    if s.get("min") is not None:
+        said["members"] = list((st.get("size") or {}).get("members") or [])
+        heard["members"] = sorted(m.round_members)
+    if said != heard:
+        raise Violation(f"invariant 6 (agreement): the status says {said}, the coordinator {heard}")
