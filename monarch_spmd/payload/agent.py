@@ -188,6 +188,8 @@ class Agent:
         #: changes with the round's members).
         self.first_rank = settings.first_rank
         self.received: list[int] = []
+        #: When the first stop signal came (Unix time): the ``leave`` says so.
+        self.signalled_at: float | None = None
         self.parent = os.getppid()
         self.incarnation = uuid.uuid4().hex
         self.watchdog: timer.FileTimerServer | None = None
@@ -229,6 +231,8 @@ class Agent:
     # --- signals ---------------------------------------------------------------------------------
 
     def _on_signal(self, signum: int, _frame: object) -> None:
+        if not self.received:
+            self.signalled_at = time.time()
         self.received.append(signum)
         orphaned = os.getppid() != self.parent
         self._thaw()
@@ -323,7 +327,7 @@ class Agent:
         machine = self.member
         while True:
             if self.received:
-                self._carry_out(machine.on_signal(self.received[0]))
+                self._carry_out(machine.on_signal(self.received[0], self.signalled_at))
             group = self.group
             if group is not None and not group.finished:
                 if not self._step():
@@ -331,12 +335,12 @@ class Agent:
                     if self.received:
                         # The signal and the processes' end came in one turn: the coordinator
                         # still hears that this member left (not that it fell silent).
-                        self._carry_out(machine.on_signal(self.received[0]))
+                        self._carry_out(machine.on_signal(self.received[0], self.signalled_at))
                         return self._signal_exit(group)
                     self._carry_out(machine.on_round_ended(self._exited_rows()))
             else:
                 if self.received:
-                    self._carry_out(machine.on_signal(self.received[0]))
+                    self._carry_out(machine.on_signal(self.received[0], self.signalled_at))
                     return 128 + self.received[0]
                 self._select(TICK)
                 self._reap()

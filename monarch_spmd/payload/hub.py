@@ -132,9 +132,9 @@ class Hub:
         """The transport's loop turned (call it first in each turn, before what it read): a turn
         that comes STALL_SECONDS after the one before means the coordinator itself was stopped
         (its node froze) or starved meanwhile."""
-        if self.last_turn is not None and now - self.last_turn >= rendezvous.STALL_SECONDS:
-            self.machine.stalled(now)
-        self.last_turn = now
+        last, self.last_turn = self.last_turn, now
+        if last is not None and now - last >= rendezvous.STALL_SECONDS:
+            self.apply(self.machine.stalled(now, now - last))
 
     def tick(self, now: float) -> None:
         """Connections that never said hello close after HELLO_TIMEOUT; the coordinator's
@@ -165,11 +165,11 @@ class Hub:
         self.close(peer, now)
         if member is not None and self.by_member.get(member) is peer:
             del self.by_member[member]
-            self.apply(self.machine.lost(member, reason, now))
+            self.apply(self.machine.lost(member, reason, now, heard=peer.heard))
         elif departing and member is not None:
             self.apply(self.machine.departed(member, peer.incarnation, now))
 
-    def leave(self, peer: Peer, now: float) -> None:
+    def leave(self, peer: Peer, now: float, at: float | None = None) -> None:
         """A member says ``leave`` (its agent got a stop signal: its pod is being deleted): it is
         lost now (a spare may take its place), and its connection stays open until its agent
         ends, which says that its processes have (the next round waits for that)."""
@@ -178,7 +178,7 @@ class Hub:
         if self.by_member.get(member) is peer:
             del self.by_member[member]
         peer.role = DEPARTING
-        self.apply(self.machine.lost(member, rendezvous.LOST_LEFT, now))
+        self.apply(self.machine.lost(member, rendezvous.LOST_LEFT, now, at=at, heard=peer.heard))
 
     # --- messages -----------------------------------------------------------------------------
 
@@ -199,8 +199,13 @@ class Hub:
             raise rendezvous.ProtocolError(f"a spare may send only hb and leave, not {str(kind)[:40]!r}")
         if peer.role == DEPARTING:
             return  # a member that left: only the end of its connection matters now
+        if peer.role == rendezvous.ROLE_OBSERVER:
+            if kind != rendezvous.HEARTBEAT:
+                raise rendezvous.ProtocolError(f"an observer may send only hb, not {str(kind)[:40]!r}")
+            self.apply(m.observer_beat(now))  # it still hears this coordinator
+            return
         if peer.role != rendezvous.ROLE_MEMBER or member is None:
-            raise rendezvous.ProtocolError("an observer says nothing after hello")
+            raise rendezvous.ProtocolError("a connection without a role says nothing but hello")
         message = rendezvous.check_member_message(message)
         r = message.get("round")
         if kind == rendezvous.JOIN:
@@ -218,7 +223,7 @@ class Hub:
         elif kind == rendezvous.STACKS:
             self.apply(m.stacks(member, r, message["ranks"], message["detail"], now))
         elif kind == rendezvous.LEAVE:
-            self.leave(peer, now)
+            self.leave(peer, now, message.get("at"))
         elif kind == rendezvous.HEARTBEAT:
             self.apply(m.heartbeat(member, now, idle=message["idle"], rank=message["rank"], line=message["line"]))
 

@@ -89,13 +89,16 @@ class Member:
 
     # --- inputs --------------------------------------------------------------------------------
 
-    def on_signal(self, signum: int) -> list[Do]:
-        """The agent got a stop signal: the coordinator hears ``leave`` once (the processes get
-        the signal from the agent itself)."""
+    def on_signal(self, signum: int, at: float | None = None) -> list[Do]:
+        """The agent got a stop signal (at ``at``, Unix time): the coordinator hears ``leave``
+        once (the processes get the signal from the agent itself)."""
         if self.left:
             return []
         self.left = True
-        return [Do(SEND, {"type": rendezvous.LEAVE, "round": self.round, "signal": signum})]
+        leave = {"type": rendezvous.LEAVE, "round": self.round, "signal": signum}
+        if at is not None:
+            leave["at"] = at
+        return [Do(SEND, leave)]
 
     def on_round_ended(self, rows: Sequence[Mapping[str, Any]]) -> list[Do]:
         """Every process of the round is gone (``rows``: one per process, as ``exited`` carries)."""
@@ -133,6 +136,8 @@ class Member:
                 return [Do(STOP, dict(message))]
             if self.phase in (RUNNING, WAITING):
                 return self._join_next()
+            if self.phase == STOPPING and message.get("fence"):
+                return [Do(STOP, dict(message))]  # stopping already: within the fence now
             return []
         if kind in (rendezvous.FREEZE, rendezvous.DUMP) and r == self.round and self.phase in (RUNNING, WAITING):
             # A hang in the gang: every rank's stack is taken (a member whose processes all ended

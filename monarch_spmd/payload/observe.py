@@ -73,7 +73,15 @@ class Observer:
         sock.sendall(rendezvous.encode(self.follower.hello()))
         self.connected.set()
         lines = rendezvous.LineBuffer()
+        beat = rendezvous.encode({"type": rendezvous.HEARTBEAT})
+        sent = time.monotonic()
         while not self.stopped.is_set():
+            if time.monotonic() - sent >= rendezvous.HEARTBEAT_INTERVAL:
+                sent = time.monotonic()
+                try:
+                    sock.sendall(beat)  # the coordinator knows it is still heard
+                except OSError:
+                    return
             try:
                 data = sock.recv(65536)
             except TimeoutError:

@@ -164,6 +164,11 @@ LEAVE_MARGIN: Final = 5.0
 #: within FENCE_GRACE): the gang may have been recreated without it meanwhile.
 STALL_SECONDS: Final = 3.0
 STALL_WINDOW: Final = 2.0
+#: A silence of its own this long (the node controller's grace: a node that stopped reporting
+#: for 40 s is marked NotReady, its pods not ready, and the operator takes them for lost) makes
+#: the coordinator give its gang up when it runs again (Coordinator.stalled): a shorter one
+#: cannot have had it recreated that way.
+STALL_GIVE_UP: Final = 40.0
 #: Seconds a spare given a member's place (``assign``) has to say hello as that member; then the
 #: place is free again (for another spare, or the operator's new pod), not stranded until the
 #: round's join timeout.
@@ -346,7 +351,7 @@ def check_member_message(message: Mapping[str, Any]) -> dict[str, Any]:
         return {"type": kind, "idle": _number(message, "idle"), "rank": _int(message, "rank", 0, MAX_INT, optional=True),
                 "line": _str(message, "line", MAX_OUTPUT_LINE) or ""}
     if kind == LEAVE:
-        return {"type": kind}
+        return {"type": kind, "at": _number(message, "at")}
     if kind not in (JOIN, RUNNING, FAILURE, EXITED, HANG, FROZEN, STACKS):
         raise ProtocolError(f"a member may not send {str(kind)[:40]!r}")
     out: dict[str, Any] = {"type": kind, "round": _int(message, "round", 0, MAX_INT)}
@@ -635,17 +640,27 @@ class Coordinator:
         #: Observers connected now; when the last one's connection broke (not closed by it).
         self.observers = 0
         self.observer_broke_at: float | None = None
+        #: When an observer's heartbeat last came (None: none ever: an observer of an earlier
+        #: version, or none connected).
+        self.observer_beat_at: float | None = None
         #: When a member other than 0 was last lost by silence or a broken connection.
         self.member_silent_at: float | None = None
 
     def _clock(self, now: float) -> None:
         self.now = max(self.now, now)
 
-    def stalled(self, now: float) -> None:
-        """The coordinator itself was not running for STALL_SECONDS or more until ``now`` (its
-        node froze, or it starved): what it stops next is stopped with the fence."""
+    def stalled(self, now: float, seconds: float = STALL_SECONDS) -> list[Out]:
+        """The coordinator itself was not running for ``seconds`` (at least STALL_SECONDS) until
+        ``now``: its node froze, or it starved. What it stops next is stopped with the fence; a
+        stall of STALL_GIVE_UP or more gives the gang up (fallback): the operator, which saw its
+        node stop reporting, may have recreated it elsewhere meanwhile."""
         self._clock(now)
         self.stalled_at = now
+        if seconds >= STALL_GIVE_UP and self.phase not in (FINISHED, FAILED):
+            return self._fail(None, exit_code=EX_TEMPFAIL, reason=REASON_COORDINATOR_LOST, fallback=True,
+                              message=f"the coordinator was stopped for {seconds:.0f}s (its node froze or starved): "
+                                      "its gang may have been recreated meanwhile; the gang must be recreated")
+        return []
 
     @property
     def elastic(self) -> bool:
@@ -698,21 +713,35 @@ class Coordinator:
         self.observers += 1
         return self._maybe_go()
 
+    def observer_beat(self, now: float) -> list[Out]:
+        """An observer's heartbeat (observers of this version send one every HEARTBEAT_INTERVAL):
+        the operator still hears this coordinator; a round held for it may start."""
+        self._clock(now)
+        self.observer_beat_at = now
+        return self._maybe_go()
+
     def observer_left(self, broken: bool, now: float) -> list[Out]:
         """An observer's connection ended; ``broken``: by an error or silence, not closed by it."""
         self._clock(now)
         self.observers = max(0, self.observers - 1)
         if broken:
             self.observer_broke_at = now
+        if self.phase == STOPPING and self.isolated():
+            return [Out(ALL, self._stop_message())]  # cut off while stopping: stop within the fence
         return []
 
     def isolated(self) -> bool:
-        """Whether this coordinator looks cut off from the cluster: it lost a member by silence
-        and every observer (the operator) by a broken connection within ISOLATION_WINDOW of each
-        other, and no observer is back. Its node is then likely the one partitioned, and the
-        operator, hearing it no more, may be recreating the gang elsewhere: it starts no round
-        (an elastic gang would shrink to the members beside it) until an observer is back."""
-        return (self.observers == 0 and self.observer_broke_at is not None and self.member_silent_at is not None
+        """Whether this coordinator may be the one cut off from the cluster: it lost a member by
+        silence, and since then no observer that beats (the operator) was heard, or every
+        observer's connection broke within ISOLATION_WINDOW of it. Its node is then likely the
+        one partitioned, and the operator, hearing it no more, may be recreating the gang
+        elsewhere: it starts no round (an elastic gang would shrink to the members beside it)
+        until an observer is heard again."""
+        if self.member_silent_at is None:
+            return False
+        if self.observer_beat_at is not None and self.observers:
+            return self.observer_beat_at <= self.member_silent_at  # the next beat says it is heard
+        return (self.observers == 0 and self.observer_broke_at is not None
                 and abs(self.observer_broke_at - self.member_silent_at) <= ISOLATION_WINDOW)
 
     def observer_welcome(self) -> dict[str, Any]:
@@ -857,10 +886,15 @@ class Coordinator:
         self.first_failure_at = self.now
         self.stop_deadline = self.now + self.policy.join_timeout
         self.next_joined = self.waiting & self.live()  # they joined the next round already
+        return [Out(ALL, self._stop_message())]
+
+    def _stop_message(self) -> dict[str, Any]:
         stop: dict[str, Any] = {"type": STOP, "round": self.round}
-        if self.stalled_at is not None and self.now - self.stalled_at <= STALL_WINDOW:
-            stop["fence"] = True  # just back from a silence of its own: nothing of this round may linger
-        return [Out(ALL, stop)]
+        if (self.stalled_at is not None and self.now - self.stalled_at <= STALL_WINDOW) or self.isolated():
+            # Just back from a silence of its own, or cut off: the gang may be going on elsewhere,
+            # so nothing of this round may linger (every agent ends its processes within the fence).
+            stop["fence"] = True
+        return stop
 
     def exited(self, member: int, round_: int, procs: list[dict[str, Any]], now: float) -> list[Out]:
         """Every process of member ``member`` in ``round_`` is gone (one row per process)."""
@@ -886,11 +920,19 @@ class Coordinator:
             out.append(self._event(EV_SUCCEEDED))
         return out
 
-    def lost(self, member: int, reason: str, now: float) -> list[Out]:
-        """Member ``member``'s agent is gone: it left, its connection closed, or it fell silent."""
+    def lost(self, member: int, reason: str, now: float, *, at: float | None = None,
+             heard: float | None = None) -> list[Out]:
+        """Member ``member``'s agent is gone: it left, its connection closed, or it fell silent.
+
+        When it went, for telling its consequences from the program's failures (:func:`root_cause`):
+        ``at``, the member's own word (Unix time: when its ``leave``'s signal came), else ``heard``
+        (monotonic, when it was last heard: its processes went no earlier), else now.
+        """
         self._clock(now)
         if member not in self.incarnations:
             return []
+        if at is None:
+            at = self.wall() - max(0.0, now - heard) if heard is not None else self.wall()
         incarnation = self.incarnations.pop(member)
         self.idle.pop(member, None)
         self.departing[(member, incarnation)] = now + self._fence(reason)
@@ -916,13 +958,13 @@ class Coordinator:
             out.extend(self._record_failure(member, {"rank": None, "local_rank": None, "pid": None,
                                                      "exit_code": None, "returncode": None, "signal": None,
                                                      "reason": REASON_MEMBER_LOST, "message": gone,
-                                                     "tail": [], "at": self.wall(), "takeover": bool(takeover)}))
+                                                     "tail": [], "at": at, "takeover": bool(takeover)}))
         elif self.phase == STOPPING:
             self.next_joined.discard(member)
             if not any(f.member == member for f in self.failures):
                 self.received += 1
                 self.failures.append(_Failure(member, {"reason": REASON_MEMBER_LOST, "exit_code": None,
-                                                       "rank": None, "at": self.wall(), "message": gone,
+                                                       "rank": None, "at": at, "message": gone,
                                                        "takeover": bool(takeover)}, self.received))
             out.extend(self._maybe_decide())
         return out

@@ -13,8 +13,8 @@ pod's IP on the agent port (``spmd-agent``), send ``hello`` (role observer), rea
 line. What is heard is kept (restarts, rounds, the barrier closing, the processes all running,
 members lost, the final verdict, the latest progress report) and the job's loop is woken: the
 pass decides, and writes one status patch and one Event per restart. The connection itself
-never touches the API server, so no fence is needed here; nothing is ever sent to the
-coordinator after ``hello``.
+never touches the API server, so no fence is needed here; after ``hello`` only a heartbeat
+goes to the coordinator, every second (it then knows the operator still hears it).
 
 The protocol itself (hello, welcome or refusal, the run id, the history's replay, the sequence
 numbers) is :class:`monarch_spmd.payload.follow.Follower`'s, the one observer client the local
@@ -251,18 +251,35 @@ class Observer:
             first = await asyncio.wait_for(reader.readline(), CONNECT_TIMEOUT)
             self._welcome(_decode(first))
             self.wake()
-            while True:
-                line = await reader.readline()
-                if not line:
-                    self.error = "the coordinator closed the connection"
-                    return
-                self._take(_decode(line))
-                self.wake()
+            beats = asyncio.create_task(self._beat(writer))
+            try:
+                while True:
+                    line = await reader.readline()
+                    if not line:
+                        self.error = "the coordinator closed the connection"
+                        return
+                    self._take(_decode(line))
+                    self.wake()
+            finally:
+                beats.cancel()
         finally:
             self.follower.disconnected()
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+
+    @staticmethod
+    async def _beat(writer: asyncio.StreamWriter) -> None:
+        """A heartbeat every HEARTBEAT_INTERVAL: the coordinator knows the operator still hears
+        it (one that loses a member by silence and hears no beat since holds its next round:
+        it may be the one cut off)."""
+        beat = rendezvous.encode({"type": rendezvous.HEARTBEAT})
+        with contextlib.suppress(OSError, ConnectionError):
+            while True:
+                await asyncio.sleep(rendezvous.HEARTBEAT_INTERVAL)
+                writer.write(beat)
+                await writer.drain()
 
 
 def _decode(line: bytes) -> dict[str, Any]:

@@ -46,6 +46,7 @@ class Worker(Proc):
         self.link_closed = False
         self.link_broken = False
         self.received: list[int] = []
+        self.signalled_at: float | None = None
         self.exit_code: int | None = None
         self.deadline = self.world.now + self.inputs.rendezvous_timeout
         # the agent's state (once a member)
@@ -182,6 +183,8 @@ class Worker(Proc):
     def _on_signal(self, signum: int) -> None:
         if self.exit_code is not None:
             return
+        if not self.received:
+            self.signalled_at = self.world.wall()
         self.received.append(signum)
         if self.role == "spare":
             self._send({"type": rendezvous.LEAVE, "signal": signum})
@@ -270,13 +273,13 @@ class Worker(Proc):
             if all(not r.alive for r in self.group):
                 self.group_done = True
                 if self.received:
-                    self._carry_out(machine.on_signal(self.received[0]))
+                    self._carry_out(machine.on_signal(self.received[0], self.signalled_at))
                     self._exit(self._signal_code(), None)
                     return
                 if self._carry_out(machine.on_round_ended(self._rows())):
                     return
         elif self.received:
-            self._carry_out(machine.on_signal(self.received[0]))
+            self._carry_out(machine.on_signal(self.received[0], self.signalled_at))
             self._exit(128 + self.received[0], None)
             return
         messages, self.inbox = self.inbox, []
@@ -291,7 +294,7 @@ class Worker(Proc):
                                         procs_running=self._procs_running(), all_succeeded=self._all_succeeded())
             self._carry_out([lost])
             return
-        if self.received and self._carry_out(machine.on_signal(self.received[0])):
+        if self.received and self._carry_out(machine.on_signal(self.received[0], self.signalled_at)):
             return
 
     def _reap(self) -> None:

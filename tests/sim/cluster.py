@@ -232,6 +232,7 @@ class Kubelet(Proc):
         pod.started = True
         self.cluster.next_ip += 1
         pod.set_status(phase="Running", podIP=f"10.0.{self.cluster.next_ip // 250}.{self.cluster.next_ip % 250}")
+        pod.condition("ContainersReady", "True")
         pod.condition("Ready", "True")
         pod.worker = self.cluster.start_worker(pod)
 
@@ -257,6 +258,7 @@ class Kubelet(Proc):
             terminated["message"] = message
         pod.set_status(phase="Succeeded" if code == 0 else "Failed",
                        containerStatuses=[{"name": names.CONTAINER_NAME, "state": {"terminated": terminated}}])
+        pod.condition("ContainersReady", "False")
         pod.condition("Ready", "False")
         if pod.deleting:
             self._remove(pod)

@@ -45,11 +45,7 @@ def bound(sim: Sim) -> float:
     """Seconds after the last fault within which the job trains again (or ends)."""
     s = sim.schedule
     backoff = 4 * s["backoff"] if sim.real_failures >= 2 else 0.0
-    # A pod stuck terminating on a node no one judged lost (its agent was heard by no one) holds
-    # the next attempt up for replacementTimeoutSeconds, as it should.
-    stuck = sim.spec.replacement_timeout_seconds if any(f["kind"] in ("freeze", "freeze_spare", "partition")
-                                                        for f in s["faults"]) else 0.0
-    return 60.0 + s["grace"] + backoff + (s.get("elastic_wait") or 0.0) + stuck
+    return 60.0 + s["grace"] + backoff + (s.get("elastic_wait") or 0.0)
 
 
 def _running(sim: Sim) -> list[Any]:
@@ -113,8 +109,11 @@ def _failed(sim: Sim) -> None:
 
 
 def _live(worker: Any) -> bool:
+    """A member's agent that runs, reaches its coordinator and is not ending, in a pod that shows
+    Running, is not being deleted and whose node is not cut off."""
     pod = worker.pod
-    return (worker.exit_code is None and worker.alive and worker.role == "agent" and not pod.deleting
+    return (worker.exit_code is None and worker.alive and worker.role == "agent" and worker.ending is None
+            and worker.link is not None and not worker.link_closed and not pod.deleting
             and pod.node is not None and not pod.node.cut and pod.phase == "Running")
 
 
@@ -127,6 +126,9 @@ def _fallbacks(sim: Sim) -> None:
         outcome = m.outcome
         if not outcome.get("fallback") or outcome.get("reason") == rendezvous.REASON_REPEATED:
             continue
+        if m.stalled_at is not None and m.now - m.stalled_at <= rendezvous.STALL_WINDOW \
+                and "was stopped for" in str(outcome.get("message")):
+            continue  # back from a silence of STALL_GIVE_UP: the operator may have recreated it
         members = _gang_workers(sim, worker)
         if len(members) == m.members and all(_live(w) for w in members.values()):
             raise Violation(f"invariant 4 (no needless recreation): the coordinator of {worker.pod.name} gave the "

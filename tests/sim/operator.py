@@ -109,6 +109,13 @@ class ObserverLink(Proc):
         self.first = True
         self.lines = rendezvous.LineBuffer()
         conn.send(self, rendezvous.encode(self.observer.follower.hello()))
+        self.later(rendezvous.HEARTBEAT_INTERVAL, self._beat, conn)
+
+    def _beat(self, conn: Conn) -> None:
+        """Observer._beat: a heartbeat every second while connected."""
+        if conn is not self.conn or self.stopped or not conn.send(self, rendezvous.encode({"type": rendezvous.HEARTBEAT})):
+            return
+        self.later(rendezvous.HEARTBEAT_INTERVAL, self._beat, conn)
 
     def _data(self, conn: Conn, data: bytes) -> None:
         if conn is not self.conn or self.stopped:

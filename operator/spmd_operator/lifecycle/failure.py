@@ -224,7 +224,8 @@ def handle(p: Pass) -> bool:
     p.new["failure"] = root.as_status(p.restart, p.now)
     p.pods_lost = root.lost
     cause = root.describe()
-    disruptions = int(p.o.status.get("disruptions") or 0)
+    # Disruptions recorded earlier in this pass (a restart in place heard just now) count too.
+    disruptions = int(p.new.get("disruptions") or 0)
     counted = p.restart - disruptions
     # After the agents' verdict every agent ends its pod with it: the pods are left to end (their
     # logs kept), not deleted (lifecycle.finished stops any left after a grace).

@@ -89,7 +89,7 @@ def _old_pods_block(p: Pass) -> bool:
     # So do the pods deleted well past their grace that still show Running (their kubelet does
     # not answer: their nodes are taken for lost).
     for pod in blocking:
-        if pod.node and inplace.overdue(p, pod):
+        if pod.node and pod.deleting and inplace.overdue(p, pod):
             p.lost_nodes.add(pod.node)
             lost.add(pod.node)
     blocking = [pod for pod in blocking if pod.node not in lost]

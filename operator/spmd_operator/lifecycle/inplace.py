@@ -315,13 +315,28 @@ def alive(pod: PodInfo) -> bool:
 _alive = alive
 
 
+def back_since(v: CoordinatorView, lost: Mapping[str, Any]) -> bool:
+    """Whether the member of a ``lost`` event ran again after it: a later round started with it
+    (every member, or an elastic round that lists it) and all its processes ran."""
+    member, seq = _int(lost.get("member")), _int(lost.get("seq"), 0) or 0
+    for event in v.all_running:
+        if (_int(event.get("seq"), 0) or 0) <= seq:
+            continue
+        started = next((e for e in reversed(v.started) if e.get("round") == event.get("round")), None)
+        listed = (started or {}).get("round_members")
+        if not isinstance(listed, list) or member in listed:
+            return True
+    return False
+
+
 def silent_loss(p: Pass, member: int) -> Mapping[str, Any] | None:
-    """The coordinator's newest ``lost`` event of ``member`` whose agent fell silent, if any."""
+    """The coordinator's newest ``lost`` event of ``member`` whose agent fell silent and that has
+    not run again since, if any."""
     v = view(p)
     if v is None:
         return None
     found = [e for e in v.lost if _int(e.get("member")) == member and e.get("reason") in SILENT_LOSSES]
-    return found[-1] if found else None
+    return found[-1] if found and not back_since(v, found[-1]) else None
 
 
 def _node_lost(p: Pass, member: int, pod: PodInfo, how: str) -> Failure:
@@ -362,6 +377,8 @@ def node_losses(p: Pass) -> tuple[list[Failure], float]:
             continue
         if pod.joins is not None and pod.joins > (_int(event.get("round"), 0) or 0):
             continue  # a replacement created after that loss
+        if v is not None and back_since(v, event):
+            continue  # the member ran again since (a replacement, or the spare in its place)
         if _takeover(p, member, _int(event.get("round"))) is not None:
             continue  # a hot spare took its place: nothing to recreate
         waited = _waited(p, event.get("received"))
@@ -381,11 +398,21 @@ def node_losses(p: Pass) -> tuple[list[Failure], float]:
             pending.append(NODE_LOST_WAIT_SECONDS - waited)
         else:
             out[0] = _node_lost(p, 0, zero, f"{len(gave_up)} member(s) lost their coordinator in it")
-    if (zero is not None and zero.phase == RUNNING and not zero.ready and not zero.deleting and 0 not in out
-            and v is not None and v.heard and not heard):
-        # The node controller marked rank 0's pod not ready (its node stopped reporting) while
-        # the operator, which heard its coordinator before, hears it no more.
-        out[0] = _node_lost(p, 0, zero, "its node stopped reporting and the operator hears it no more")
+    # A node that stopped reporting: the node controller marked its pods not ready (40 s). Not
+    # while the operator hears a round running with every process (each member in it answers).
+    running = (heard and v is not None and v.phase == "running" and v.round is not None
+               and v.running_round(v.round) is not None)
+    listed = None
+    if running and v is not None:
+        started = next((e for e in reversed(v.started) if e.get("round") == v.round), None)
+        listed = (started or {}).get("round_members")
+    for index, pod in sorted(current.items()):
+        if index in out or not pod.node_silent or pod.deleting or (index == 0 and heard):
+            continue  # (rank 0's coordinator heard: its node answers)
+        if running and (not isinstance(listed, list) or index in listed):
+            continue
+        out[index] = _node_lost(p, index, pod, "its node stopped reporting: the node controller marked the pod "
+                                               "not ready")
     return list(out.values()), min(pending, default=0.0)
 
 
@@ -592,11 +619,16 @@ DELETE_OVERDUE_SECONDS: Final = 10.0
 
 def overdue(p: Pass, pod: PodInfo) -> bool:
     """A pod deleted more than its grace period (the stop grace) and DELETE_OVERDUE_SECONDS ago
-    that still shows Running: its node's kubelet is not answering."""
+    that still shows Running: its node's kubelet is not answering. (A pod deleted, not yet
+    overdue, asks the pass to be woken when it will be.)"""
     asked = parse_time(pod.deleted_at)
     if asked is None or pod.finished or pod.phase != RUNNING:
         return False
-    return (p.now - asked).total_seconds() > policy.stop_grace(p.spec) + DELETE_OVERDUE_SECONDS
+    left = policy.stop_grace(p.spec) + DELETE_OVERDUE_SECONDS - (p.now - asked).total_seconds()
+    if left >= 0:
+        p.requeue.append(left + 0.1)
+        return False
+    return True
 
 
 def _spare_may_come(p: Pass, v: CoordinatorView, member: int, pod: PodInfo | None) -> bool:

@@ -113,6 +113,9 @@ class PodInfo:
         deleted_at: when its deletion was asked (RFC 3339, ``deletionTimestamp``), if it was.
         avoids: the nodes its required node affinity keeps it off (``kubernetes.io/hostname
             NotIn``: nodes lost when it was created).
+        node_silent: its node stopped reporting: the pod shows Running, its condition Ready is
+            False and ContainersReady True (the node controller marks a node's pods not ready
+            after its grace, 40 s, without touching ContainersReady, which the kubelet sets).
     """
 
     name: str
@@ -138,6 +141,7 @@ class PodInfo:
     spare: int | None = None
     deleted_at: str | None = None
     avoids: tuple[str, ...] = ()
+    node_silent: bool = False
 
     @property
     def finished(self) -> bool:
@@ -221,6 +225,8 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo | None:
         spare=spare,
         deleted_at=meta.get("deletionTimestamp") or None,
         avoids=_avoided(body.get("spec") or {}),
+        node_silent=(status.get("phase") == RUNNING and _condition(status, "Ready").get("status") == "False"
+                     and _condition(status, "ContainersReady").get("status") == "True"),
     )
 
 

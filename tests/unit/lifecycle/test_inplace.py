@@ -571,15 +571,19 @@ def test_a_running_gang_the_operator_cannot_hear_for_30s_is_said_in_a_condition_
 
 
 def test_rank_zeros_pod_marked_not_ready_while_the_operator_hears_it_no_more_is_a_lost_node():
-    # A node that stops reporting has its pods marked not ready by the node controller (40 s);
-    # their phase stays Running. With the operator cut off from the coordinator it heard before,
-    # rank 0's node is taken for lost, whether or not a member has given up yet.
+    # A node that stops reporting has its pods marked not ready by the node controller (40 s):
+    # Ready False, ContainersReady untouched (True); their phase stays Running. With the operator
+    # cut off from the coordinator, rank 0's node is taken for lost, whether or not a member has
+    # given up yet.
     st = status("Running")
     pods = [dataclasses.replace(p, ready=True) for p in gang("Running")]
     dark = view(round_=0, phase="running", connected=False)
     plan = run(st=st, pods=pods, coordinator=dark)
     assert plan.status.get("phase") in (None, "Running"), "its pod still ready: its node reports"
     pods[0] = dataclasses.replace(pods[0], ready=False)
+    assert run(st=st, pods=pods, coordinator=dark).status.get("phase") in (None, "Running"), \
+        "not ready by its own containers (a readiness probe): not its node"
+    pods[0] = dataclasses.replace(pods[0], ready=False, node_silent=True)
     new = apply(st, run(st=st, pods=pods, coordinator=dark))
     assert (new["phase"], new["failure"]["reason"], new["failure"]["node"]) == ("Restarting", "NodeLost", "node-0")
     heard = view(round_=0, phase="running")
