@@ -1325,7 +1325,28 @@ STATUS: Final = Obj(
                 "used": Int(description=_d("""
                     Lost pods whose place a spare took in the current attempt (each pod then runs as
                     that pod, labelled with its rank; a new spare replaces it).""")),
+                "attempt": Int(description="The attempt (gang) these spares are of."),
+                "crashed": Int(description=_d("""
+                    Spare pods of the current attempt that ended failing in a row (each deleted):
+                    the next one waits a back-off of 10 s, doubling up to 300 s, until a spare is
+                    ready again.""")),
+                "retryTime": Str(format=_TIME, description=_d("""
+                    While spares crash: when the next spare pod may be created.""")),
             },
+        ),
+        "lostNodes": Arr(
+            description=_d("""
+                Nodes lost under this job in the last 10 minutes (a pod's agent fell silent while the
+                pod showed Running, its node stopped reporting, or a pod deleted stayed Running well
+                past its grace): the job's pods there never hold a new attempt up, and new pods keep
+                off such a node while a pod of the job there has not ended."""),
+            items=Obj(
+                description="A node judged lost, and when.",
+                properties={
+                    "node": Str(description="The node's name."),
+                    "time": Str(format=_TIME, description="When it was judged lost."),
+                },
+            ),
         ),
         "size": Obj(
             description=_d("""

@@ -241,6 +241,10 @@ class Agent:
             # (the parent-death signal) ends its processes itself, after the grace period.
             self.group.grace = self.s.grace if orphaned else 1e9
             self.group.stop(signum)
+            if self.server is not None and self.server.machine.unseen():
+                # Rank 0's pod deleted while the operator does not see its coordinator (its node
+                # was cut off and is back): it was likely recreated elsewhere; no lingering.
+                self.group.hurry(rendezvous.FENCE_GRACE)
 
     # --- the run ---------------------------------------------------------------------------------
 
@@ -771,6 +775,9 @@ class Agent:
             outcome = f"job failed: restarts used up ({fail.get('counted')} of {fail.get('max_restarts')})"
         else:
             outcome = f"job failed ({reason})"
+        counted, at = fail.get("counted"), fail.get("round")
+        if isinstance(counted, int) and isinstance(at, int) and 0 <= counted <= at:
+            outcome += f"; {counted} of its {at} restarts counted"  # the rest were disruptions
         rank = fail.get("rank")
         self.round = int(fail.get("round", self.round))
         if rank is None:

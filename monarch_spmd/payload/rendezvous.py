@@ -173,10 +173,6 @@ STALL_GIVE_UP: Final = 40.0
 #: place is free again (for another spare, or the operator's new pod), not stranded until the
 #: round's join timeout.
 ASSIGN_SECONDS: Final = 10.0
-#: Seconds within which losing a member by silence and every observer (the operator) by a broken
-#: connection means the coordinator is likely the one cut off (its node partitioned): it starts
-#: no round until an observer is back (Coordinator.isolated).
-ISOLATION_WINDOW: Final = 15.0
 #: Seconds between ``progress`` events while a round runs.
 PROGRESS_EVERY: Final = 5.0
 #: How many lines of a failed rank's output travel with its failure.
@@ -711,6 +707,7 @@ class Coordinator:
         if now is not None:
             self._clock(now)
         self.observers += 1
+        self.observer_broke_at = None
         return self._maybe_go()
 
     def observer_beat(self, now: float) -> list[Out]:
@@ -726,23 +723,21 @@ class Coordinator:
         self.observers = max(0, self.observers - 1)
         if broken:
             self.observer_broke_at = now
-        if self.phase == STOPPING and self.isolated():
-            return [Out(ALL, self._stop_message())]  # cut off while stopping: stop within the fence
+        if self.phase == STOPPING and self.unseen():
+            return [Out(ALL, self._stop_message())]  # out of sight while stopping: within the fence
         return []
 
     def isolated(self) -> bool:
         """Whether this coordinator may be the one cut off from the cluster: it lost a member by
-        silence, and since then no observer that beats (the operator) was heard, or every
-        observer's connection broke within ISOLATION_WINDOW of it. Its node is then likely the
-        one partitioned, and the operator, hearing it no more, may be recreating the gang
-        elsewhere: it starts no round (an elastic gang would shrink to the members beside it)
-        until an observer is heard again."""
+        silence, and no observer (the operator) has been heard since (its heartbeat). Its node
+        may then be the one partitioned, and the operator, hearing it no more, recreating the
+        gang elsewhere: it starts no round (an elastic gang would shrink to the members beside
+        it) and stops what runs within the fence, until an observer is heard again."""
         if self.member_silent_at is None:
             return False
-        if self.observer_beat_at is not None and self.observers:
-            return self.observer_beat_at <= self.member_silent_at  # the next beat says it is heard
-        return (self.observers == 0 and self.observer_broke_at is not None
-                and abs(self.observer_broke_at - self.member_silent_at) <= ISOLATION_WINDOW)
+        if self.observers and self.observer_beat_at is None:
+            return False  # an observer of an earlier version, which sends nothing: it is there
+        return self.observer_beat_at is None or self.observer_beat_at <= self.member_silent_at
 
     def observer_welcome(self) -> dict[str, Any]:
         """The ``welcome`` an observer gets: the state now and the history."""
@@ -890,11 +885,21 @@ class Coordinator:
 
     def _stop_message(self) -> dict[str, Any]:
         stop: dict[str, Any] = {"type": STOP, "round": self.round}
-        if (self.stalled_at is not None and self.now - self.stalled_at <= STALL_WINDOW) or self.isolated():
-            # Just back from a silence of its own, or cut off: the gang may be going on elsewhere,
-            # so nothing of this round may linger (every agent ends its processes within the fence).
+        if self.unseen():
+            # Just back from a silence of its own, or out of the operator's sight: the gang may be
+            # going on elsewhere, so nothing of this round may linger (every agent ends its
+            # processes within the fence).
             stop["fence"] = True
         return stop
+
+    def unseen(self) -> bool:
+        """Whether the gang may have been recreated without this coordinator knowing: it is back
+        from a silence of its own (STALL_WINDOW), looks cut off (:meth:`isolated`), or the
+        operator's observer connection broke and none is back. What it stops then, it stops
+        within the fence (a checkpoint a rank writes on SIGTERM is cut short while the operator
+        is out of sight, the price of never running beside a new gang)."""
+        return ((self.stalled_at is not None and self.now - self.stalled_at <= STALL_WINDOW) or self.isolated()
+                or (self.observers == 0 and self.observer_broke_at is not None))
 
     def exited(self, member: int, round_: int, procs: list[dict[str, Any]], now: float) -> list[Out]:
         """Every process of member ``member`` in ``round_`` is gone (one row per process)."""

@@ -78,6 +78,9 @@ class Worker(Proc):
         if self.sim.resolve(self.inputs.master_addr) is not None:
             if self.inputs.spare is not None:
                 self.role = "spare"
+                if self.world.now < self.sim.spares_crash_until:
+                    self._exit(1, "a spare's worker crashes at once (a bad image, a broken node)")
+                    return
                 self._dial()
             else:
                 self._become_agent(self.inputs)
@@ -198,6 +201,8 @@ class Worker(Proc):
             if rank.alive:
                 rank.stopped = True
                 rank.term()
+        if self.server is not None and self.server.hub.machine.unseen() and any(r.alive for r in self.group):
+            self.later(rendezvous.FENCE_GRACE, self._kill_group, list(self.group))
         self.wake()
 
     # --- a spare ------------------------------------------------------------------------------
@@ -244,10 +249,13 @@ class Worker(Proc):
             self.sim.listening(self.server)
         self._dial()
 
-    def wake(self) -> None:
+    def wake(self, at_once: bool = False) -> None:
+        """The loop turns soon: at once for a process's exit (its pidfd wakes the selector), else
+        within TICK (a signal, the connection)."""
         if not self.wake_pending and self.exit_code is None:
             self.wake_pending = True
-            self.later(self.world.uniform(0.001, TICK), self._iterate)
+            self.later(self.world.uniform(0.0005, 0.005) if at_once else self.world.uniform(0.001, TICK),
+                       self._iterate)
 
     def child_exited(self, rank: Rank) -> None:
         self.world.after(0.0, self.run, self._child_exited, (rank,))
@@ -255,7 +263,7 @@ class Worker(Proc):
     def _child_exited(self, rank: Rank) -> None:
         if rank in self.group:
             self.exits.append(rank)
-            self.wake()
+            self.wake(at_once=True)
 
     def _iterate(self) -> None:
         """One turn of the real agent's loop (``Agent._serve``), from the end of its wait: the

@@ -40,6 +40,7 @@ class Rank(Proc):
         self.gang = int(agent.pod.labels.get(names.LABEL_RESTART, 0))
         self.epoch = (self.gang, round_)
         self.returncode: int | None = None
+        self.exited_at: float | None = None
         self.signalled = False   # SIGTERM or SIGKILL came (the agent stops it, or the pod goes)
         self.stopped = False     # the agent stopped it (for a restart, not a failure)
         self.ignores_term = ignores_term
@@ -101,6 +102,7 @@ class Rank(Proc):
         if self.node.frozen and not force:
             return
         self.returncode = returncode
+        self.exited_at = self.world.now
         self.die()
         self.cluster.rank_ended(self)
         self.agent.child_exited(self)

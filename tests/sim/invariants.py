@@ -24,6 +24,7 @@ the end of a run (:func:`at_end`). Each raises :class:`~.core.Violation` naming 
 
 from __future__ import annotations
 
+import math
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -36,9 +37,9 @@ if TYPE_CHECKING:
     from .sim import Sim
 
 #: The longest a rank process may run after its node's traffic comes back (a thaw, a partition
-#: healed) while its round is over: its agent, cut off from its coordinator, ends it within its
+#: healed) while its round is over: its kubelet's word (a pod deleted meanwhile), its agent's
 #: loop's turn and the fence (rendezvous.FENCE_SECONDS).
-FENCE_SECONDS = rendezvous.FENCE_SECONDS
+FENCE_SECONDS = rendezvous.FENCE_SECONDS + 1.0
 
 
 def bound(sim: Sim) -> float:
@@ -199,6 +200,10 @@ def at_end(sim: Sim) -> None:
     phase = st.get("phase")
     s = sim.schedule
     created_bound = (s["pods"] + s.get("spares", 0)) * (2 + 2 * len(s["faults"]))
+    for fault in s["faults"]:
+        if fault["kind"] == "spares_crash":  # each spare slot: the back-off's 10 s doubling to 300 s
+            d = float(fault.get("duration") or 30.0)
+            created_bound += s.get("spares", 0) * (2 + math.ceil(math.log2(1 + d / 10)) + int(d / 300))
     if sim.cluster.created > created_bound:
         raise Violation(f"invariant 7 (bounded pods): {sim.cluster.created} pods created (bound {created_bound})")
     if phase in ("Succeeded", "Failed"):

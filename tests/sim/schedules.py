@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 #: What a fault may be (sim.Sim.inject says what each does).
 MEMBER_FAULTS = ("crash", "delete", "evict", "freeze", "partition")
-SPARE_FAULTS = ("delete_spare", "crash_spare", "freeze_spare")
+SPARE_FAULTS = ("delete_spare", "crash_spare", "freeze_spare", "spares_crash")
 OTHER_FAULTS = ("drain", "operator", "stranger")
 KINDS = MEMBER_FAULTS + SPARE_FAULTS + OTHER_FAULTS
 
@@ -43,6 +43,8 @@ def faults(draw: Any, pods: int, spares: int, extra: int) -> list[dict[str, Any]
             fault["duration"] = draw(st.integers(1, 300)) / 10.0
         elif kind == "operator":
             fault["duration"] = draw(st.integers(1, 200)) / 10.0
+        elif kind == "spares_crash":
+            fault["duration"] = draw(st.integers(10, 1200)) / 10.0
         elif kind == "stranger":
             fault["how"] = draw(st.sampled_from(["silent", "junk", "hello", "observer"]))
             fault["count"] = draw(st.sampled_from([1, 3, 70]))

@@ -67,6 +67,7 @@ class Sim:
         self.latency = {n.name: self.world.uniform(0.0005, 0.01) for n in [*self.nodes, self.op_node]}
         # the ground truth the invariants judge by
         self.real_failures = 0
+        self.spares_crash_until = -1.0
         self.permanent = False
         self.faults_done: list[str] = []
         self.last_fault = 0.0
@@ -136,7 +137,8 @@ class Sim:
         return r
 
     def wall_of(self, rank: Rank) -> float:
-        return self.world.wall()
+        """When a rank exited, as its agent knows it (it wakes at once on a process's exit: pidfd)."""
+        return WALL0 + (rank.exited_at if rank.exited_at is not None else self.world.now)
 
     def status_written(self, before: dict[str, Any], after: dict[str, Any], plan: lifecycle.Plan) -> None:
         if self.world.checks:  # (none while a run is only being looked at)
@@ -209,6 +211,8 @@ class Sim:
                 if fault.get("duration"):
                     w.after(float(fault["duration"]), node.thaw)
             done += f" {node.name}"
+        elif kind == "spares_crash":
+            self.spares_crash_until = w.now + float(fault.get("duration") or 30.0)
         elif kind == "operator":
             if self.operator.up:
                 self.operator.kill(float(fault.get("duration") or 1.0))

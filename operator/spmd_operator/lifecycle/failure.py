@@ -218,9 +218,12 @@ def handle(p: Pass) -> bool:
         return True
     root = verdict.failure if verdict is not None else found[0]
     if verdict is not None and verdict.round is not None and verdict.round > p.restart:
-        # Restarts in place the operator did not hear of (it was away): the agents' last line says.
+        # Restarts in place the operator did not hear of (it was away): the agents' last line says,
+        # and how many of them were disruptions.
         p.restart = verdict.round
         p.new.update(restarts=verdict.round, gangRestart=p.gang)
+        if verdict.disruptions is not None and verdict.disruptions > int(p.new.get("disruptions") or 0):
+            p.new["disruptions"] = verdict.disruptions
     p.new["failure"] = root.as_status(p.restart, p.now)
     p.pods_lost = root.lost
     cause = root.describe()

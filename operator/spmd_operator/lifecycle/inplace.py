@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -266,13 +267,22 @@ def charged(pod: PodInfo) -> bool:
 
 
 def _takeover(p: Pass, member: int, round_: int | None = None) -> Mapping[str, Any] | None:
-    """The coordinator's newest ``takeover`` of ``member`` (in round ``round_``, when given): a
-    hot spare took its place (:mod:`.spares` adopts the spare's pod)."""
+    """The ``takeover`` of ``member``'s newest loss (in round ``round_``, when given): a hot spare
+    took its place (:mod:`.spares` adopts the spare's pod). A takeover answers the loss it
+    follows (the coordinator sends the two together): an earlier loss's takeover says nothing of
+    a later loss (the spare that took the place lost in its turn), and one whose spare never
+    arrived (state failed) gives the place back."""
     v = view(p)
-    for event in reversed(v.takeovers if v is not None else ()):
-        if _int(event.get("member")) == member and (round_ is None or _int(event.get("round")) == round_):
-            return None if event.get("state") == TAKEOVER_FAILED else event
-    return None
+    if v is None:
+        return None
+    losses = [e for e in v.lost if _int(e.get("member")) == member
+              and (round_ is None or _int(e.get("round")) == round_)]
+    after = _int(losses[-1].get("seq"), 0) or 0 if losses else 0
+    found = [e for e in v.takeovers if _int(e.get("member")) == member and (_int(e.get("seq"), 0) or 0) > after
+             and (round_ is None or _int(e.get("round")) == round_ or losses)]
+    if not found or found[-1].get("state") == TAKEOVER_FAILED:
+        return None
+    return found[-1]
 
 
 def recent(v: CoordinatorView, event: Mapping[str, Any]) -> bool:
@@ -612,6 +622,8 @@ def replace_lost(p: Pass, found: list[Failure]) -> bool:
     return True
 
 
+#: How many of a gang's restarts the agents counted, in their verdict line (payload.agent).
+_COUNTED: Final = re.compile(r"; (\d+) of its (\d+) restarts counted")
 #: Seconds past its grace period after which a pod being deleted that still shows Running is
 #: taken for one on a node that does not answer: its kubelet would have killed it by then.
 DELETE_OVERDUE_SECONDS: Final = 10.0
@@ -654,6 +666,8 @@ class Verdict:
     round: int | None
     fallback: bool
     wait: float = 0.0
+    #: Restarts up to ``round`` that were disruptions, as the agents counted them (None: unsaid).
+    disruptions: int | None = None
 
 
 def verdict(p: Pass) -> Verdict | None:
@@ -688,7 +702,9 @@ def verdict(p: Pass) -> Verdict | None:
             received = final.get("received")
             age = p.now.timestamp() - received if isinstance(received, (int, float)) else VERDICT_WAIT_SECONDS
             wait = max(0.0, VERDICT_WAIT_SECONDS - age)
-        return Verdict(f, _int(final.get("round")), bool(final.get("fallback")), wait)
+        at, counted = _int(final.get("round")), _int(final.get("counted"))
+        disruptions = at - counted if at is not None and counted is not None and 0 <= counted <= at else None
+        return Verdict(f, at, bool(final.get("fallback")), wait, disruptions)
     for index, pod in sorted(current.items()):
         if pod.phase != FAILED or not pod.message:
             continue
@@ -704,7 +720,9 @@ def verdict(p: Pass) -> Verdict | None:
                     root.node if root is not None else pod.node, code, reason,
                     _verdict_first(policy.failure_text(p.spec, told.message)),
                     not fallback and policy.is_permanent(p.spec, code, reason), False, False, (0, "~", index))
-        return Verdict(f, round_, fallback)
+        counted = _COUNTED.search(outcome)
+        disruptions = round_ - int(counted[1]) if counted and int(counted[2]) == round_ else None
+        return Verdict(f, round_, fallback, disruptions=disruptions)
     return None
 
 

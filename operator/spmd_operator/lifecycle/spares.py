@@ -20,17 +20,23 @@ policy. docs/restart-in-place.md ("Hot spares") says what the agents do; the ope
 
 from __future__ import annotations
 
+import datetime as dt
 import re
-from typing import Final
+from collections.abc import Iterable
+from typing import Any, Final
 
 from monarch_spmd.spec import JobSpec
 
 from . import gang as _gang
 from . import inplace
-from .model import PENDING, RESTARTING, RUNNING
+from .model import FAILED, PENDING, RESTARTING, RUNNING, PodInfo, format_time, parse_time
 from .status import Pass
 
 _SPARE_NAME: Final = re.compile(r"-s(\d+)$")
+#: The back-off before a spare pod after one crashed (doubling for each further one, at most the
+#: second): as a crash loop of the program's (rendezvous.backoff_seconds).
+SPARE_BACKOFF: Final = 10.0
+SPARE_MAX_BACKOFF: Final = 300.0
 
 
 def tend(p: Pass) -> None:
@@ -72,12 +78,43 @@ def tend(p: Pass) -> None:
         found = _SPARE_NAME.search(pod.name) if pod.restart == gang else None
         if found:
             used.add(int(found.group(1)))  # an adopted spare's name stays its own
-    p.new["spares"] = {"ready": v.spares_ready if v is not None and v.spares_ready is not None else 0,
-                       "used": len(taken)}
+    ready = v.spares_ready if v is not None and v.spares_ready is not None else 0
+    record = {"ready": ready, "used": len(taken), **_crashes(p, gang, waiting.values(), ready)}
+    p.new["spares"] = record
     if not p.create and not any(pod.restart == gang for pod in o.pods):
         return  # the attempt's pods are not there yet: its spares come with them
     missing = p.spec.spares - sum(1 for s in waiting.values() if not s.finished)
-    if missing > 0:
+    retry = parse_time(record.get("retryTime"))
+    if missing > 0 and retry is not None and p.now < retry:
+        p.requeue.append((retry - p.now).total_seconds())  # spares crash: the next one waits
+    elif missing > 0:
         first = max(used, default=-1) + 1
         p.spares.extend(range(first, first + missing))
         p.spare_restart = gang
+
+
+def _crashes(p: Pass, gang: int, waiting: Iterable[PodInfo], ready: int) -> dict[str, Any]:
+    """Spare pods of attempt ``gang`` that ended without taking a place are deleted (none is left
+    behind); those that failed count as crashes in a row, and the next spare waits a back-off
+    (10 s doubling to 300 s) from the latest: a spare that fails on every start (a bad node, a
+    broken image) is not replaced once a second. Every spare ready again ends the count."""
+    before = p.o.status.get("spares") or {}
+    same = before.get("attempt") == gang
+    crashed = int(before.get("crashed") or 0) if same else 0
+    retry = before.get("retryTime") if same else None
+    for pod in waiting:
+        if not pod.finished:
+            continue
+        p.delete_pods.append(pod.name)
+        if pod.phase == FAILED:
+            crashed += 1
+            wait = min(SPARE_MAX_BACKOFF, SPARE_BACKOFF * 2 ** (crashed - 1))
+            retry = format_time(p.now + dt.timedelta(seconds=wait))
+    if ready >= p.spec.spares:
+        crashed, retry = 0, None  # every spare is ready again: the crashes are over
+    if not crashed:
+        return {}
+    out: dict[str, Any] = {"attempt": gang, "crashed": crashed}
+    if retry is not None:
+        out["retryTime"] = retry
+    return out

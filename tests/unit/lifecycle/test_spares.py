@@ -62,7 +62,7 @@ def test_a_spare_that_took_a_lost_pods_place_is_adopted_and_its_restart_is_a_dis
 
 def test_a_lost_node_whose_pod_a_spare_replaced_recreates_nothing():
     st = status("Restarting", restarts=1, gangRestart=0, disruptions=1)
-    silent = {"type": "lost", "seq": 9, "time": T - 20, "round": 0, "member": 2, "reason": "HeartbeatTimeout",
+    silent = {"type": "lost", "seq": 7, "time": T - 20, "round": 0, "member": 2, "reason": "HeartbeatTimeout",
               "node": "node-2", "received": T - 20}
     coordinator = dataclasses.replace(view(round_=1, phase="running", all_running=[1]), lost=(silent,),
                                       takeovers=(takeover(),))
