@@ -12,9 +12,11 @@ from monarch_spmd.payload import rendezvous as rv
 from monarch_spmd.payload import worker
 from monarch_spmd.payload.rendezvous import ALL, OBSERVERS, Coordinator, Policy
 
+from .coordinators import Observed
+
 
 def machine(members: int = 4, minimum: int = 2, wait: float = 10.0, **policy) -> Coordinator:
-    c = Coordinator(members, 0, Policy(**{"max_restarts": 0, "backoff": 0.0, "min_members": minimum,
+    c = Observed(members, 0, Policy(**{"max_restarts": 0, "backoff": 0.0, "min_members": minimum,
                                           "elastic_wait": wait, **policy}),
                     now=0.0, world_size=members * 2, run_id="job", wall=lambda: 1000.0)
     c.start()

@@ -12,13 +12,15 @@ from monarch_spmd.payload import rendezvous as rv
 from monarch_spmd.payload import stacks
 from monarch_spmd.payload.rendezvous import ALL, OBSERVERS, Coordinator, Policy
 
+from .coordinators import Observed
+
 USER = "/job/train.py"
 TORCH = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 
 
 def running_gang(members: int = 3, max_restarts: int = 0) -> Coordinator:
     """A coordinator whose ``members`` members all run round 0 (one rank each)."""
-    c = Coordinator(members, 0, Policy(max_restarts=max_restarts, backoff=0.0), now=0.0, world_size=members,
+    c = Observed(members, 0, Policy(max_restarts=max_restarts, backoff=0.0), now=0.0, world_size=members,
                     run_id="job", wall=lambda: 1000.0)
     c.start()
     for m in range(members):

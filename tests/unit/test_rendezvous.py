@@ -11,9 +11,11 @@ import pytest
 from monarch_spmd.payload import rendezvous as rv
 from monarch_spmd.payload.rendezvous import ALL, OBSERVERS, Coordinator, Policy
 
+from .coordinators import Observed
+
 
 def machine(members: int = 3, first_round: int = 0, **policy) -> Coordinator:
-    c = Coordinator(members, first_round, Policy(**{"max_restarts": 3, "backoff": 0.0, **policy}), now=0.0,
+    c = Observed(members, first_round, Policy(**{"max_restarts": 3, "backoff": 0.0, **policy}), now=0.0,
                     world_size=members, run_id="job", wall=lambda: 1000.0)
     c.start()
     return c
