@@ -152,6 +152,16 @@ def failure_line(rank: int, local: int | None, code: int, restart: int, outcome:
     return f"{_PREFIX}: {who} in restart {restart}; {outcome}"
 
 
+def finished_line(finish: Mapping[str, Any]) -> str | None:
+    """The termination message of an agent told ``finish``: which pods' ranks made the gang's last
+    round (an elastic round may have had fewer; the operator reads it from any pod that
+    succeeded, lifecycle.completion); None when ``finish`` names no members."""
+    members, r = finish.get("members"), finish.get("round")
+    if not isinstance(members, list) or not all(isinstance(m, int) for m in members) or not isinstance(r, int):
+        return None
+    return f"{_PREFIX}: the gang finished in restart {r}: every rank of pods {','.join(map(str, members))} exited 0"
+
+
 @dataclass
 class _Verdict:
     code: int
@@ -407,7 +417,7 @@ class Agent:
                     self.group.hurry(rendezvous.FENCE_GRACE)
                 self._stop_and_wait()
                 if do.what == member.FINISH:
-                    return 0
+                    return self._exit(_Verdict(0, finished_line(do.message), say=False))
                 if do.what == member.FAIL:
                     return self._exit(self._verdict(do.message))
                 return self._give_up(do.text, do.reason)

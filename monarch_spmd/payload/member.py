@@ -145,7 +145,7 @@ class Member:
             what = FREEZE if kind == rendezvous.FREEZE else DUMP
             return [Do(what, round=self.round, reason=str(message.get("reason") or ""))]
         if kind == rendezvous.FINISH:
-            return [Do(FINISH)]
+            return [Do(FINISH, dict(message))]
         if kind == rendezvous.FAIL:
             return [Do(FAIL, message)]
         return []

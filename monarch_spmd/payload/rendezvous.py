@@ -791,7 +791,7 @@ class Coordinator:
         out.append(Out(member, {"type": WELCOME, "v": VERSION, "round": join_round, "phase": self.phase,
                                 "replacement": replacement}))
         if self.phase == FINISHED:
-            out.append(Out(member, {"type": FINISH, "round": self.round}))
+            out.append(Out(member, self._finish()))
         elif self.phase == FAILED and self.outcome is not None:
             out.append(Out(member, self.outcome))
         return out
@@ -921,9 +921,14 @@ class Coordinator:
         self.done.add(member)
         if self.done >= self.round_members:
             self.phase = FINISHED
-            out.append(Out(ALL, {"type": FINISH, "round": self.round}))
+            out.append(Out(ALL, self._finish()))
             out.append(self._event(EV_SUCCEEDED))
         return out
+
+    def _finish(self) -> dict[str, Any]:
+        """``finish``: every member's processes of the round exited 0; it names the round's
+        members (an elastic round may have had fewer than the gang: the others are no part of it)."""
+        return {"type": FINISH, "round": self.round, "members": sorted(self.round_members)}
 
     def lost(self, member: int, reason: str, now: float, *, at: float | None = None,
              heard: float | None = None) -> list[Out]:

@@ -377,7 +377,7 @@ class Worker(Proc):
         if what == member.SIGNAL_EXIT:
             self._exit(self._signal_code(), None)
         elif what == member.FINISH:
-            self._exit(0, None)
+            self._exit(0, agent_mod.finished_line(do.message))
         elif what == member.FAIL:
             verdict = agent_mod.Agent._verdict(self._as_agent(), do.message)
             self._exit(verdict.code, self._termination(verdict))

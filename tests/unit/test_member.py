@@ -50,7 +50,8 @@ TABLE = [
     (m.JOINING, {"type": R.STOP, "round": RND}, False, m.JOINING, RND, []),
     (m.HELLO, {"type": R.STOP, "round": RND}, False, m.HELLO, RND, []),
     # finish and fail end the member in any phase
-    *[(p, {"type": R.FINISH, "round": RND}, False, p, RND, [Do(m.FINISH)]) for p in m.PHASES],
+    *[(p, {"type": R.FINISH, "round": RND}, False, p, RND, [Do(m.FINISH, {"type": R.FINISH, "round": RND})])
+      for p in m.PHASES],
     *[(p, FAIL_MSG, True, p, RND, [Do(m.FAIL, FAIL_MSG)]) for p in m.PHASES],
     # what a member never gets, or a newer protocol's type: nothing
     *[(p, {"type": kind, "round": RND}, True, p, RND, [])

@@ -207,7 +207,7 @@ def test_when_every_member_succeeds_the_job_finishes():
     outs = []
     for m in range(3):
         outs += c.exited(m, 0, [{"rank": m, "exit_code": 0, "stopped": False}], 5.0)
-    assert sent(outs) == [{"type": rv.FINISH, "round": 0}] and events(outs, rv.EV_SUCCEEDED)
+    assert sent(outs) == [{"type": rv.FINISH, "round": 0, "members": [0, 1, 2]}] and events(outs, rv.EV_SUCCEEDED)
     assert c.phase == rv.FINISHED
     # A pod that comes late (a replacement) hears the verdict at once.
     c.lost(1, rv.LOST_LEFT, 6.0)

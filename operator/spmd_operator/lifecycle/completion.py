@@ -6,9 +6,13 @@ out of time, and a pod that exits 0 is a lost host (:mod:`.failure`).
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+from typing import Final
+
 from .. import names
 from . import inplace
-from .model import EVENT_NORMAL, RESTARTING, RUNNING, SUCCEEDED, format_time
+from .model import EVENT_NORMAL, RESTARTING, RUNNING, SUCCEEDED, PodInfo, format_time
 from .status import Pass
 
 
@@ -20,17 +24,13 @@ def succeeded(p: Pass) -> bool:
         return False
     current = p.current()
     n = p.pods_per_attempt
-    v = inplace.view(p)
-    said = v is not None and v.final is not None and v.final.get("type") == "succeeded"
-    if not said and (len(current) != n or not all(pod.phase == SUCCEEDED for pod in current.values())):
+    members = _finished(p, current)
+    if members is None and (len(current) != n or not all(pod.phase == SUCCEEDED for pod in current.values())):
         return False
-    if said:
+    if members is not None:
         # The last round's members end by themselves (their agents got ``finish``); a pod of an
         # elastic job that was not in it waits for a coordinator that is gone: it is stopped.
-        started = [e for e in v.started if isinstance(e.get("round_members"), list)] if v is not None else []
-        if started:
-            members = set(started[-1]["round_members"])
-            p.stop(pod for index, pod in current.items() if index not in members)
+        p.stop(pod for index, pod in current.items() if index not in members)
     procs = p.spec.world_size
     p.new.update(phase=SUCCEEDED, completionTime=format_time(p.now))
     p.condition(SUCCEEDED, "True", "AllRanksSucceeded", f"all {procs} ranks exited 0")
@@ -41,3 +41,25 @@ def succeeded(p: Pass) -> bool:
     if p.spec.ttl_seconds_after_finished is not None:
         p.requeue.append(float(p.spec.ttl_seconds_after_finished))
     return True
+
+
+#: An agent's termination message after ``finish`` (payload.agent.finished_line).
+FINISHED_LINE: Final = re.compile(r"monarch-spmd worker: the gang finished in restart \d+: every rank of pods "
+                                  r"([\d,]+) exited 0")
+
+
+def _finished(p: Pass, current: Mapping[int, PodInfo]) -> set[int] | None:
+    """The pods of the gang's last round, when its coordinator said it finished (restart in
+    place): in what the operator heard, or in the termination message of a pod that succeeded
+    (the operator was away, and the coordinator is gone); else None."""
+    if not p.in_place:
+        return None
+    v = inplace.view(p)
+    if v is not None and v.final is not None and v.final.get("type") == "succeeded":
+        started = [e for e in v.started if isinstance(e.get("round_members"), list)]
+        return set(started[-1]["round_members"]) if started else set(current)
+    for pod in current.values():
+        found = FINISHED_LINE.search(pod.message or "") if pod.phase == SUCCEEDED else None
+        if found:
+            return {int(m) for m in found[1].split(",")}
+    return None

@@ -236,7 +236,7 @@ def _failure(p: Pass, event: Mapping[str, Any]) -> Failure:
         return _taken_over(p, member, event, took)
     if event.get("reason") == REASON_MEMBER_LOST and pod is not None and _alive(pod):
         silent = silent_loss(p, member)
-        if silent is not None:
+        if silent is not None and not _newer(pod, silent):
             return _node_lost(p, member, pod, str(silent.get("reason")))
     if event.get("reason") == REASON_MEMBER_LOST:
         lost = _lost_pod(p, member, _int(event.get("round")))
@@ -325,6 +325,14 @@ def alive(pod: PodInfo) -> bool:
 _alive = alive
 
 
+def _newer(pod: PodInfo, event: Mapping[str, Any]) -> bool:
+    """Whether ``pod`` was created after the coordinator's ``event`` was heard (a whole second
+    later: creation times have seconds only)."""
+    created, received = parse_time(pod.created), event.get("received")
+    return (created is not None and isinstance(received, (int, float))
+            and created.timestamp() >= float(received) + 1.0)
+
+
 def back_since(v: CoordinatorView, lost: Mapping[str, Any]) -> bool:
     """Whether the member of a ``lost`` event ran again after it: a later round started with it
     (every member, or an elastic round that lists it) and all its processes ran."""
@@ -389,6 +397,8 @@ def node_losses(p: Pass) -> tuple[list[Failure], float]:
             continue  # a replacement created after that loss
         if v is not None and back_since(v, event):
             continue  # the member ran again since (a replacement, or the spare in its place)
+        if _newer(pod, event):
+            continue  # a pod created after that loss was heard: not the one lost
         if _takeover(p, member, _int(event.get("round"))) is not None:
             continue  # a hot spare took its place: nothing to recreate
         waited = _waited(p, event.get("received"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .helpers import apply, cond, events, gang, run, status
+from .helpers import apply, cond, events, gang, pod, pod_name, run, spec, status
 
 
 def test_all_ranks_exit_zero_is_success():
@@ -28,3 +28,19 @@ def test_success_of_an_old_attempt_does_not_count():
     st = status("Restarting", restarts=1)
     plan = run(st=st, pods=gang("Succeeded", restart=0))
     assert apply(st, plan)["phase"] == "Restarting"
+
+
+def test_an_elastic_gang_that_finished_smaller_while_the_operator_was_away_succeeds():
+    # Pod 1 never ran (its node froze before it started); pod 0's round finished alone, and the
+    # operator, away meanwhile, reads the verdict from the pod that succeeded: its agent's line.
+    from monarch_spmd.payload.agent import finished_line
+
+    s = spec(mesh=[{"name": "hosts", "size": 2, "minSize": 1}, {"name": "gpus", "size": 2}], podLayout="PerHost")
+    st = status("Running")
+    line = finished_line({"type": "finish", "round": 0, "members": [0]})
+    pods = [pod(0, "Succeeded", exit_code=0, message=line), pod(2, "Pending")]
+    plan = run(s=s, st=st, pods=pods)
+    new = apply(st, plan)
+    assert new["phase"] == "Succeeded" and plan.delete_pods == (pod_name(2),), "the pod that never ran is stopped"
+    plain = run(s=s, st=st, pods=[pod(0, "Succeeded", exit_code=0), pod(2, "Pending")])
+    assert apply(st, plain)["phase"] != "Succeeded", "without the agents' word a pod left is still awaited"
