@@ -42,6 +42,12 @@ if TYPE_CHECKING:
 FENCE_SECONDS = rendezvous.FENCE_SECONDS + 1.0
 
 
+#: The node controller's grace (a node silent this long is NotReady; the operator may then have
+#: recreated a gang whose coordinator was on it): a coordinator back from a stall this long gives
+#: its gang up, and that is no needless recreation.
+NODE_MONITOR_GRACE = 40.0
+
+
 def bound(sim: Sim) -> float:
     """Seconds after the last fault within which the job trains again (or ends)."""
     s = sim.schedule
@@ -127,9 +133,9 @@ def _fallbacks(sim: Sim) -> None:
         outcome = m.outcome
         if not outcome.get("fallback") or outcome.get("reason") == rendezvous.REASON_REPEATED:
             continue
-        if m.stalled_at is not None and m.now - m.stalled_at <= rendezvous.STALL_WINDOW \
-                and "was stopped for" in str(outcome.get("message")):
-            continue  # back from a silence of STALL_GIVE_UP: the operator may have recreated it
+        stall = re.search(r"was stopped for (\d+)s", str(outcome.get("message")))
+        if stall and int(stall[1]) >= NODE_MONITOR_GRACE:
+            continue  # back from a silence as long as a node's NotReady grace: it may have been recreated
         members = _gang_workers(sim, worker)
         if len(members) == m.members and all(_live(w) for w in members.values()):
             raise Violation(f"invariant 4 (no needless recreation): the coordinator of {worker.pod.name} gave the "

@@ -35,8 +35,9 @@ def replay_command(schedule: dict[str, Any]) -> str:
 
 
 def search(examples: int, *, seed: int | None = None, on_run: Callable[[Any], None] | None = None,
-           derandomize: bool = True) -> dict[str, Any] | None:
-    """Runs up to ``examples`` schedules; returns the minimal failing one (shrunk) or None."""
+           derandomize: bool = True, shrink: bool = True) -> dict[str, Any] | None:
+    """Runs up to ``examples`` schedules; returns the first failing one (the minimal one, shrunk,
+    with ``shrink``) or None."""
     found: list[dict[str, Any]] = []
 
     def body(schedule: dict[str, Any]) -> None:
@@ -49,9 +50,9 @@ def search(examples: int, *, seed: int | None = None, on_run: Callable[[Any], No
             on_run(sim)
 
     test = given(schedules())(body)
+    phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
     test = settings(max_examples=examples, deadline=None, database=None, derandomize=derandomize,
-                    suppress_health_check=list(HealthCheck), phases=[Phase.generate, Phase.shrink],
-                    print_blob=False)(test)
+                    suppress_health_check=list(HealthCheck), phases=phases, print_blob=False)(test)
     if seed is not None and not derandomize:
         test = hypothesis_seed(seed)(test)
     try:

@@ -18,6 +18,13 @@ OTHER_FAULTS = ("drain", "operator", "stranger")
 KINDS = MEMBER_FAULTS + SPARE_FAULTS + OTHER_FAULTS
 
 
+def _durations(longest: int = 600) -> st.SearchStrategy[float]:
+    """A freeze's or a partition's length: shorter than the kernel's user timeout (connections
+    survive it), around it, or well beyond (the node is judged lost), each often drawn."""
+    return st.sampled_from([(20, 70), (70, 110), (110, longest)]).flatmap(
+        lambda r: st.integers(*r).map(lambda x: x / 10.0))
+
+
 @st.composite
 def faults(draw: Any, pods: int, spares: int, extra: int) -> list[dict[str, Any]]:
     n = draw(st.integers(0, 5))
@@ -26,7 +33,9 @@ def faults(draw: Any, pods: int, spares: int, extra: int) -> list[dict[str, Any]
     forever = extra  # nodes that may stay frozen without leaving the job short of nodes
     for _ in range(n):
         kind = draw(st.sampled_from(kinds))
-        fault: dict[str, Any] = {"t": draw(st.integers(1, 1200)) / 10.0, "kind": kind}
+        # When: mostly while the gang runs (it starts within ~3 s), sometimes as it starts.
+        low, high = draw(st.sampled_from([(50, 600), (1, 50), (600, 1200)]))
+        fault: dict[str, Any] = {"t": draw(st.integers(low, high)) / 10.0, "kind": kind}
         if kind in MEMBER_FAULTS or kind in SPARE_FAULTS:
             fault["target"] = draw(st.integers(0, pods - 1)) if kind in MEMBER_FAULTS else draw(st.integers(0, 3))
         if kind == "crash":
@@ -38,9 +47,9 @@ def faults(draw: Any, pods: int, spares: int, extra: int) -> list[dict[str, Any]
             if forever > 0 and draw(st.booleans()):
                 forever -= 1
             else:
-                fault["duration"] = draw(st.integers(1, 600)) / 10.0
+                fault["duration"] = draw(_durations())
         elif kind == "partition":
-            fault["duration"] = draw(st.integers(1, 300)) / 10.0
+            fault["duration"] = draw(_durations(300))
         elif kind == "operator":
             fault["duration"] = draw(st.integers(1, 200)) / 10.0
         elif kind == "spares_crash":

@@ -132,7 +132,9 @@ class Sim:
         r = Rank(self.cluster, worker, worker.node, rank, local, round_, self.cluster.new_pid(),
                  train=s["train"] + self.world.uniform(0.0, 0.5),
                  ignores_term=self.world.rng.random() < s.get("stubborn", 0.0),
-                 term_delay=self.world.uniform(0.02, min(2.0, s["grace"])))
+                 # Most ranks die at once on SIGTERM (Python's default); some catch it (a checkpoint).
+                 term_delay=(self.world.uniform(0.001, 0.01) if self.world.rng.random() < 0.7
+                             else self.world.uniform(0.2, min(2.0, s["grace"]))))
         worker.pod.procs.append(r)
         return r
 

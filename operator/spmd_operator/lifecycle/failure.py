@@ -153,7 +153,8 @@ def failures(p: Pass) -> list[Failure]:
             message = policy.failure_text(spec, pod.message) if pod.disrupted else (
                 "the pod was deleted (evicted, drained or deleted by hand) before it finished")
             out.append(Failure(pod.rank, pod.name, pod.node, None, reason, message,
-                               policy.is_permanent(spec, None, reason), True, True, (1, "~", index)))
+                               policy.is_permanent(spec, None, reason), pod.disrupted or policy.is_disruption(reason),
+                               True, (1, "~", index)))
     if p.phase == RUNNING or p.in_place_round:
         last: dict[int, PodInfo] = {}
         for pod in p.o.gone:
@@ -173,7 +174,8 @@ def failures(p: Pass) -> list[Failure]:
             name = was.name if was is not None else names.pod_name(p.o.job, p.gang, index)
             out.append(Failure(rank, name, was.node if was else None, None,
                                REASON_POD_MISSING, "the pod disappeared while the job was running",
-                               policy.is_permanent(spec, None, REASON_POD_MISSING), True, True, (2, "~", index)))
+                               policy.is_permanent(spec, None, REASON_POD_MISSING),
+                               policy.is_disruption(REASON_POD_MISSING), True, (2, "~", index)))
     if p.in_place:
         known = {f.pod for f in out}
         out.extend(f for f in inplace.node_losses(p)[0] if f.pod not in known)

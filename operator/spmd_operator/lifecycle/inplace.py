@@ -262,8 +262,9 @@ def charged(pod: PodInfo) -> bool:
     OOM-killed container, a crashed worker), not taken away (deleted, evicted, its node lost),
     ended well, or given up in place (75: its coordinator was gone). Every other loss of a member
     is a disruption, as the coordinator takes it (rendezvous.root_cause)."""
-    return (pod.phase == FAILED and pod.exit_code not in (None, 0, EX_TEMPFAIL) and not pod.deleting
-            and not pod.disrupted)
+    if pod.disrupted or policy.is_disruption(_loss_reason(pod)):
+        return False  # taken away: deleted, evicted, preempted, its node lost
+    return pod.phase == FAILED and pod.exit_code not in (None, 0, EX_TEMPFAIL)
 
 
 def _takeover(p: Pass, member: int, round_: int | None = None) -> Mapping[str, Any] | None:
