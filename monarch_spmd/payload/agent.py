@@ -391,6 +391,8 @@ class Agent:
             elif do.what == member.SAY:
                 self.say(do.text)
             elif do.what == member.START:
+                if self.link is not None and self.link.closed:
+                    continue  # its coordinator is gone (a go read before a freeze): start nothing
                 self._start_round(do.round, do.message.get("members"))
             elif do.what == member.STOP:
                 self._thaw()

@@ -619,6 +619,9 @@ class Coordinator:
         #: Members whose place a spare was given and who have not said hello as it yet:
         #: member -> (spare, until when it may).
         self.assigned: dict[int, tuple[int, float]] = {}
+        #: Members held by a spare that arrived: member -> (spare, its incarnation as the member).
+        #: A pod created for the same loss is turned away while that agent runs (see :meth:`admits`).
+        self.spare_held: dict[int, tuple[int, str]] = {}
         self.takeovers = 0
         #: The least members a round starts with (the whole gang unless elastic).
         self.min_members = self.members if not 0 < self.policy.min_members < self.members else self.policy.min_members
@@ -772,6 +775,9 @@ class Coordinator:
         pending = self.assigned.get(member)
         if pending is not None and spare == pending[0]:
             del self.assigned[member]  # the spare arrived in its place
+            self.spare_held[member] = (spare, incarnation)
+        elif spare is None:
+            self.spare_held.pop(member, None)
         if member in self.incarnations and self.incarnations[member] != incarnation:
             out.append(Out(member, {"type": FAIL, "round": self.round, "reason": LOST_SUPERSEDED,
                                     "exit_code": EX_TEMPFAIL, "fallback": True}, drop=True))
@@ -1049,11 +1055,17 @@ class Coordinator:
 
     def admits(self, member: int, spare: int | None) -> str | None:
         """Why a member's hello is refused, or None: while a spare given member ``member``'s place
-        is on its way, a pod of that member that is not that spare (a replacement created for
-        the same loss) is turned away."""
+        is on its way or holds it, a pod of that member that is not that spare (a replacement
+        created for the same loss) is turned away: it would supersede the spare and restart the
+        gang once more for nothing."""
+        if self.phase in (FINISHED, FAILED):
+            return None
         pending = self.assigned.get(member)
-        if pending is not None and spare != pending[0] and self.phase not in (FINISHED, FAILED):
+        if pending is not None and spare != pending[0]:
             return f"member {member}'s place is taken by hot spare {pending[0]}"
+        held = self.spare_held.get(member)
+        if spare is None and held is not None and self.incarnations.get(member) == held[1]:
+            return f"member {member}'s place is held by hot spare {held[0]}, whose agent runs"
         return None
 
     def _assignments(self) -> list[Out]:

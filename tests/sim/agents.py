@@ -347,6 +347,8 @@ class Worker(Proc):
             elif do.what == member.SAY:
                 self.say(do.text)
             elif do.what == member.START:
+                if self.link is not None and self.link_closed:
+                    continue  # its coordinator is gone (a go read before a freeze): start nothing
                 self._start_round(do.round, do.message.get("members"))
             elif do.what == member.STOP:
                 if not self.received:

@@ -66,8 +66,8 @@ def every_step(sim: Sim) -> None:
         node = rank.node
         if node.cut:
             continue  # stopped, or cut off: it reaches nothing of the gang
-        if node.back_at is not None and rank.started < node.back_at and now - node.back_at <= FENCE_SECONDS:
-            continue  # back from a freeze or a partition: its agent ends it within the fence
+        if node.back_at is not None and now - node.back_at <= FENCE_SECONDS:
+            continue  # back from a freeze or a partition: its agent ends what it ran within the fence
         active.append(rank)
     by_rank: dict[int, Any] = {}
     for rank in active:

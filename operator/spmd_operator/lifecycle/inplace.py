@@ -656,10 +656,11 @@ def overdue(p: Pass, pod: PodInfo) -> bool:
 
 def _spare_may_come(p: Pass, v: CoordinatorView, member: int, pod: PodInfo | None) -> bool:
     """Whether a lost member's place may yet go to a hot spare, so no pod is created for it now:
-    spares are ready, and the coordinator has not said it lost the member in the round that
+    spares are ready (or starting), and the coordinator has not said it lost the member in the round that
     runs (or the one before) for at most LOST_WAIT_SECONDS after the pod ended. Its ``lost``
     and ``takeover`` events come together; a pod created meanwhile would be turned away."""
-    if p.spec.spares <= 0 or not v.spares_ready:
+    starting = any(s.restart == p.gang and not s.finished and not s.deleting for s in p.o.spares)
+    if p.spec.spares <= 0 or not (v.spares_ready or starting):
         return False
     if any(_int(e.get("member")) == member and recent(v, e) for e in v.lost):
         return False
