@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
 from . import policy, schema, spec
-from .payload import agent, contract, gang, names, rendezvous, timer, worker
+from .payload import agent, contract, names, procgroup, rendezvous, timer, worker
 from .ports import free_port
 from .spec import JobSpec
 
@@ -452,7 +452,7 @@ def _procs_per_worker(s: JobSpec) -> int:
     return s.mesh[-1].size if s.pod_layout == names.PER_HOST else 1
 
 
-def _member(plan: _Plan, index: int, restart: int, disruptions: int = 0) -> gang.Member:
+def _worker_spec(plan: _Plan, index: int, restart: int, disruptions: int = 0) -> procgroup.ProcSpec:
     """Worker ``index`` (one per pod the operator would create) of the gang created at ``restart``."""
     job, s = plan.job, plan.job.spec
     procs = _procs_per_worker(s)
@@ -501,7 +501,7 @@ def _member(plan: _Plan, index: int, restart: int, disruptions: int = 0) -> gang
     # that the observer sees every event live (a late one's welcome has no ``exited`` rows) and the
     # table is the coordinator's however fast the gang fails.
     wait = {agent.OBSERVER_WAIT_VAR: f"{OBSERVER_WAIT:g}"}
-    return gang.Member(
+    return procgroup.ProcSpec(
         rank=first,
         command=[plan.python, "-m", "monarch_spmd.payload.worker", "--", *s.args],
         env={**base, **inputs, **wait, **gpus, **plan.env},
@@ -537,7 +537,7 @@ class _View:
 
 def _how(row: Mapping[str, Any]) -> str:
     code, returncode = row.get("rank_exit_code", row.get("exit_code")), row.get("returncode")
-    name = gang.signal_name(returncode) if isinstance(returncode, int) else None
+    name = procgroup.signal_name(returncode) if isinstance(returncode, int) else None
     if name:
         return f"was killed by {name} (exit code {code})"
     return f"exited with code {code}"
@@ -569,7 +569,7 @@ def _table(view: _View, final: Mapping[str, Any], world: int) -> list[str]:
         if row is None:
             shown.append((rank, f"  {rank:<6}{'-':<12}{'-':<13}{'-':<16}lost (its worker is gone)", True))
             continue
-        code = gang.describe_returncode(row.get("returncode"))
+        code = procgroup.describe_returncode(row.get("returncode"))
         if rank == root:
             mark = "first failure"
             if final.get("reason") not in (None, rendezvous.REASON_ERROR, rendezvous.REASON_SIGNAL):
@@ -633,7 +633,7 @@ def run(
         LocalRunError: for a spec field that cannot be honoured locally (nothing is started).
     """
     env, notes = check_local(job)
-    out = gang.Prefixer(gang.stream_writer(stdout or sys.stdout, stderr or sys.stderr))
+    out = procgroup.Prefixer(procgroup.stream_writer(stdout or sys.stdout, stderr or sys.stderr))
 
     def note(message: str) -> None:
         out.line(2, f"{_TAG} {message}")
@@ -679,7 +679,7 @@ def _replace(plan: _Plan, **changes: Any) -> _Plan:
     return dataclasses.replace(plan, **changes)
 
 
-def _run_gang(plan: _Plan, restart: int, out: gang.Prefixer, note: Any, deadline: float | None,
+def _run_gang(plan: _Plan, restart: int, out: procgroup.Prefixer, note: Any, deadline: float | None,
               handlers: Mapping[int, Any], on_event: Any) -> int | tuple[int]:
     """One gang of workers, from its start to its end: an exit code, or ``(restart,)`` when a new
     gang must start at that restart count."""
@@ -711,9 +711,9 @@ def _run_gang(plan: _Plan, restart: int, out: gang.Prefixer, note: Any, deadline
         _follow(view, note, world)
 
     selector.register(wake_r, selectors.EVENT_READ, woken)
-    members = [_member(plan, i, restart) for i in range(world // procs)]
-    group = gang.Gang(members, out, plan.grace, preexec=agent.parent_death_hook(signal.SIGTERM),
-                      stop_on_failure=False, selector=selector)
+    workers = [_worker_spec(plan, i, restart) for i in range(world // procs)]
+    group = procgroup.ProcGroup(workers, out, plan.grace, preexec=agent.parent_death_hook(signal.SIGTERM),
+                                stop_on_failure=False, selector=selector)
     observer = agent.Observer(LOCAL_MASTER_ADDR, plan.agent_port, on_message,
                               retry_until=time.monotonic() + s.rendezvous_timeout_seconds + 5, token=plan.token)
     expired = False
@@ -885,7 +885,7 @@ def _kill_ranks(view: _View) -> None:
             pass
 
 
-def _replace_lost(plan: _Plan, group: gang.Gang, view: _View, note: Any, handled: set[int]) -> list[tuple[str, int]]:
+def _replace_lost(plan: _Plan, group: procgroup.ProcGroup, view: _View, note: Any, handled: set[int]) -> list[tuple[str, int]]:
     """Replaces a worker (not rank 0's) that was killed, as the operator replaces a lost pod: the
     others restart in place and wait for it. When the restarts are used up every worker is
     stopped instead, and the loss is returned (why, exit code) to fail the job with."""
@@ -902,12 +902,12 @@ def _replace_lost(plan: _Plan, group: gang.Gang, view: _View, note: Any, handled
             _follow(view, note, s.world_size)
         if view.final is not None or group.procs[0].code is not None:
             return []
-        what = f"the worker of rank {proc.member.rank} (pid {proc.pid}) {_how(proc.row())}"
+        what = f"the worker of rank {proc.spec.rank} (pid {proc.pid}) {_how(proc.row())}"
         restart = view.lost.get(index, view.round) + 1  # the round its loss makes the others restart into
         if restart > s.max_restarts:
             note(f"{what}; stopping every rank")
             group.stop()
             return [(what, proc.code or 1)]
         note(f"{what}; starting a new one in its place (the other ranks restart in place and wait for it)")
-        group.respawn(index, _member(plan, index, restart))
+        group.respawn(index, _worker_spec(plan, index, restart))
     return []

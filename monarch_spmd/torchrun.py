@@ -2,7 +2,7 @@
 
 Where it sits: below :mod:`monarch_spmd.cli` (``monarch-spmd run`` and ``monarch-spmd manifest``
 parse with it), beside the runner; it imports only :mod:`.payload.contract`,
-:mod:`.payload.names` and :mod:`.payload.gang` (torchrun's ``--redirects``/``--tee`` syntax).
+:mod:`.payload.names` and :mod:`.payload.procgroup` (torchrun's ``--redirects``/``--tee`` syntax).
 Standard library only, and pure: the caller counts GPUs and CPUs, makes run ids and prints the
 notes.
 
@@ -71,7 +71,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from .payload import contract, gang, names
+from .payload import contract, names, procgroup
 
 #: The mesh's dimension names: torchrun's nodes, and the procs of each.
 NODES_DIM: Final = "nodes"
@@ -543,7 +543,7 @@ def plan(launch: Launch, target: str, *, gpus: int = 0, cpus: int = 1) -> Plan:
     for dest in ("redirects", "tee"):
         if opts.get(dest) is not None:
             try:
-                gang.parse_std(str(opts[dest]), BY_DEST[dest].name)
+                procgroup.parse_std(str(opts[dest]), BY_DEST[dest].name)
             except ValueError as e:
                 raise TorchrunError(str(e)) from None
             std[dest] = str(opts[dest]).strip()

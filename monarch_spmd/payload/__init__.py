@@ -13,8 +13,16 @@ Modules:
     worker: the process every pod (and every local rank) runs: inputs -> env -> the agent.
     agent: the worker as torchrun's agent: rounds of processes, restarted in place through a
         coordinator in rank 0's agent (docs/restart-in-place.md), the watchdog, the progress timeout.
-    rendezvous: the restart-in-place protocol's messages and the coordinator's pure state machine.
-    gang: a round's local processes: start together, stop together, rank-prefixed output.
+    link, procs, observe: a member's and a spare's connection to the coordinator; the agent's
+        duties towards its processes (reaping, OOM kills); its local observer.
+    rendezvous: the restart-in-place protocol: its messages, their checks, its constants.
+    coordinator: the coordinator's pure state machine (rounds), with its parts: counting (what a
+        restart is charged to, the one rule), fence (no round while a lost member's processes may
+        run or the coordinator may be cut off), takeover (hot spares), elastic (who a round runs),
+        capture (a hang's stacks across the gang), history (the events observers see).
+    hub, server: the coordinator's connections without I/O (what the simulation drives), and its
+        sockets.
+    procgroup: a round's local processes: start together, stop together, rank-prefixed output.
     member: a member's side of a round as a pure state machine (the agent carries out its actions).
     follow: an observer's client of the coordinator's stream (the agent's, the runner's, the operator's).
     timer: torchrun's file-timer watchdog, served from the agent's loop.

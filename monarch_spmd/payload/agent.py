@@ -1,8 +1,8 @@
 """The agent: the worker as torchrun's elastic agent, restarting its processes in place.
 
 Where it sits: in the payload (standard library only, shipped into pods), above
-:mod:`.rendezvous` (the protocol and the coordinator's state machine), :mod:`.gang` (processes
-and output) and :mod:`.timer` (the watchdog), below :mod:`.worker`, which reads the inputs and
+:mod:`.rendezvous` (the protocol), :mod:`.coordinator` (the coordinator's state machine),
+:mod:`.procgroup` (processes and output) and :mod:`.timer` (the watchdog), below :mod:`.worker`, which reads the inputs and
 hands the agent its :class:`Settings`, the command and the env of each process. The local runner
 (:mod:`monarch_spmd.runner`) runs the same code through the worker and watches it as an
 observer (:class:`Observer`). docs/restart-in-place.md describes the protocol, the failure cases
@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from . import gang, hangs, member, rendezvous, stacks, timer
+from . import coordinator, counting, elastic, hangs, member, procgroup, rendezvous, stacks, timer
 from .link import Link, SpareOutcome, keepalive, listen, wait_as_spare
 from .names import EX_TEMPFAIL
 from .observe import Observer
@@ -114,7 +114,7 @@ class Settings:
     first_round: int = 0
     run_id: str = "none"
     coordinator: tuple[str, int] | None = None
-    policy: rendezvous.Policy = field(default_factory=rendezvous.Policy)
+    policy: counting.Policy = field(default_factory=counting.Policy)
     grace: float = 30.0
     progress_timeout: float = 0.0
     connect_timeout: float = 300.0
@@ -183,7 +183,7 @@ class Agent:
     """
 
     def __init__(self, settings: Settings, command: Sequence[str],
-                 env_for: Callable[..., dict[str, str]], out: gang.Prefixer) -> None:
+                 env_for: Callable[..., dict[str, str]], out: procgroup.Prefixer) -> None:
         self.s = settings
         self.command = list(command)
         self.env_for = env_for
@@ -191,7 +191,7 @@ class Agent:
         self.selector = selectors.DefaultSelector()
         self.link: Link | None = None
         self.server: CoordinatorServer | None = None
-        self.group: gang.Gang | None = None
+        self.group: procgroup.ProcGroup | None = None
         #: This member's side of the protocol (phase and round): :class:`.member.Member`.
         self.member = member.Member(settings.first_round, settings.member)
         #: The global rank of this agent's first process in the running round (an elastic gang's
@@ -216,9 +216,9 @@ class Agent:
         self.capture_for_gang = False
         #: A hang this agent reported (``hang`` sent) and the coordinator has not answered yet:
         #: (when, the hung rank, reason, why, describe, exempt).
-        self.hang_pending: tuple[float, gang.Proc, str, str, Callable[[gang.Proc], str], gang.Proc | None] | None = None
+        self.hang_pending: tuple[float, procgroup.Proc, str, str, Callable[[procgroup.Proc], str], procgroup.Proc | None] | None = None
         #: Ranks of this round killed by their watchdog timer in a gang (no stack): what was said.
-        self.exempted: dict[gang.Proc, str] = {}
+        self.exempted: dict[procgroup.Proc, str] = {}
         self.stacks = stacks.dumps_stacks(self.command)
 
     @property
@@ -290,7 +290,7 @@ class Agent:
             except OSError as e:
                 return self._give_up(f"cannot listen on the agent port {port} (MONARCH_SPMD_AGENT_PORT): {e}",
                                      rendezvous.REASON_COORDINATOR_UNREACHABLE)
-            machine = rendezvous.Coordinator(self.s.members, self.s.first_round, self.s.policy, time.monotonic(),
+            machine = coordinator.Coordinator(self.s.members, self.s.first_round, self.s.policy, time.monotonic(),
                                              world_size=self.s.world_size, run_id=self.s.run_id, wall=time.time)
             self.server = CoordinatorServer(sock, machine, self.s.token)
             self.server.start()
@@ -330,7 +330,7 @@ class Agent:
         outcome = "stopped the other local ranks"
         if failed.reason in (rendezvous.REASON_WATCHDOG, rendezvous.REASON_NO_PROGRESS) and failed.message:
             outcome = f"{failed.reason} ({rendezvous.cut(failed.message, 1024)}); {outcome}"  # the rank to blame
-        line = self._failure_line(failed.member.rank, failed.member.local_rank, code, outcome)
+        line = self._failure_line(failed.spec.rank, failed.spec.local_rank, code, outcome)
         return self._exit(_Verdict(code, line, list(failed.tail)))
 
     def _serve(self) -> int:
@@ -433,25 +433,25 @@ class Agent:
         self.failure_sent = False
         group = None
         if isinstance(listed, list) and all(isinstance(m, int) and not isinstance(m, bool) for m in listed):
-            group = rendezvous.group_of(self.s.member, listed)
+            group = elastic.group_of(self.s.member, listed)
         self.first_rank = self.s.first_rank if group is None else group[0] * self.s.procs
         attempt_dir = None
         if self.run_dir is not None:
             attempt_dir = os.path.join(self.run_dir, f"attempt_{r}")
             shutil.rmtree(attempt_dir, ignore_errors=True)
             os.makedirs(attempt_dir)
-        members = []
+        specs = []
         for local in range(self.s.procs):
             env = self.env_for(r, local) if group is None else self.env_for(r, local, group)
             logs = None
             if attempt_dir is not None:
-                logs = gang.log_files(attempt_dir, local, self.s.redirects, self.s.tee)
+                logs = procgroup.log_files(attempt_dir, local, self.s.redirects, self.s.tee)
                 env["TORCHELASTIC_ERROR_FILE"] = logs.error_file or ""
             if self.watchdog is not None:
                 env[timer.FILE_VAR] = self.watchdog.path
-            members.append(gang.Member(rank=self.first_rank + local, command=self.command, env=env,
-                                       prefix=self.s.prefix, local_rank=int(env.get("LOCAL_RANK", local)),
-                                       logs=logs))
+            specs.append(procgroup.ProcSpec(rank=self.first_rank + local, command=self.command, env=env,
+                                            prefix=self.s.prefix, local_rank=int(env.get("LOCAL_RANK", local)),
+                                            logs=logs))
         if r != self.s.first_round:
             self.say(f"restart {r}: starting {self.ranks()} again (TORCHELASTIC_RESTART_COUNT={r})")
         self.oom_base = oom_kills()
@@ -459,7 +459,7 @@ class Agent:
         self.capture_for_gang = False
         self.hang_pending = None
         self.exempted = {}
-        self.group = hangs.Gang(members, self.out, self.s.grace, on_failure=self._on_failure,
+        self.group = hangs.CapturingGroup(specs, self.out, self.s.grace, on_failure=self._on_failure,
                                preexec=parent_death_hook(signal.SIGKILL), selector=self.selector)
         self.group.start(between=self._heartbeat)  # a slow start must not look like a lost agent
         if self.received:  # a signal came while they started: they get it too
@@ -467,7 +467,7 @@ class Agent:
             self.group.stop(self.received[0])
         if self.link is not None:
             self.link.send({"type": rendezvous.RUNNING, "round": r,
-                            "procs": [{"rank": p.member.rank, "local_rank": p.member.local_rank, "pid": p.pid}
+                            "procs": [{"rank": p.spec.rank, "local_rank": p.spec.local_rank, "pid": p.pid}
                                       for p in self.group.procs]})
 
     def _reap(self, now: float | None = None) -> None:
@@ -491,7 +491,7 @@ class Agent:
         if self.hang_pending is not None and now - self.hang_pending[0] >= rendezvous.HANG_WAIT_SECONDS:
             _, proc, reason, why, describe, exempt = self.hang_pending
             self.hang_pending = None
-            self.say(f"the coordinator did not answer rank {proc.member.rank}'s hang within "
+            self.say(f"the coordinator did not answer rank {proc.spec.rank}'s hang within "
                      f"{rendezvous.HANG_WAIT_SECONDS:g}s; judging this pod's ranks alone")
             self._capture_here(proc, reason, why, describe, exempt)
             return bool(self.group.running())
@@ -505,26 +505,26 @@ class Agent:
                 self._hung(proc, rendezvous.REASON_NO_PROGRESS, "went silent first", self._silence)
         return alive
 
-    def _silence(self, proc: gang.Proc) -> str:
+    def _silence(self, proc: procgroup.Proc) -> str:
         """The progress timeout's words about a rank: how long it has been silent, its last line."""
         idle = time.monotonic() - proc.last_output
-        message = (f"rank {proc.member.rank} wrote nothing for {idle:.0f}s (progress timeout "
+        message = (f"rank {proc.spec.rank} wrote nothing for {idle:.0f}s (progress timeout "
                    f"{self.s.progress_timeout:g}s)")
         if self.s.output_in_failures:
             message += f"; last line: {proc.last_line or '(no output)'}"
         return message
 
-    def _quiet(self, proc: gang.Proc) -> str:
+    def _quiet(self, proc: procgroup.Proc) -> str:
         """What a rank of a hung gang that no detector of this agent named did: its silence."""
         if self.s.progress_timeout > 0:
             return self._silence(proc)
-        message = f"rank {proc.member.rank} wrote nothing for {time.monotonic() - proc.last_output:.0f}s"
+        message = f"rank {proc.spec.rank} wrote nothing for {time.monotonic() - proc.last_output:.0f}s"
         if self.s.output_in_failures:
             message += f"; last line: {proc.last_line or '(no output)'}"
         return message
 
-    def _hung(self, proc: gang.Proc, reason: str, why: str, describe: Callable[[gang.Proc], str],
-              exempt: gang.Proc | None = None) -> None:
+    def _hung(self, proc: procgroup.Proc, reason: str, why: str, describe: Callable[[procgroup.Proc], str],
+              exempt: procgroup.Proc | None = None) -> None:
         """``proc`` hangs: every rank's stack is taken before the round's ranks end, and the rank
         the rule names is the failure. In a gang the coordinator is told (``hang``): it has every
         member freeze its ranks and dump their stacks, and judges them all; an agent alone takes
@@ -532,7 +532,7 @@ class Agent:
         faulthandler, a round already stopping) ``proc`` is killed at once (SIGKILL), unless
         ``exempt`` says it was killed already."""
         assert self.group is not None
-        if not self.stacks or self.group.stop_deadline or not isinstance(self.group, hangs.Gang):
+        if not self.stacks or self.group.stop_deadline or not isinstance(self.group, hangs.CapturingGroup):
             if exempt is None:
                 self.group.kill(proc, reason, describe(proc))
             else:
@@ -547,15 +547,15 @@ class Agent:
         if self.hang_pending is not None or self.capture is not None:
             return  # one hang at a time: the gang's capture covers this rank too
         self.hang_pending = (time.monotonic(), proc, reason, why, describe, exempt)
-        self.say(f"rank {proc.member.rank} hangs ({reason}); asking the coordinator to have every rank of "
+        self.say(f"rank {proc.spec.rank} hangs ({reason}); asking the coordinator to have every rank of "
                  f"the gang write its Python stack (SIGABRT: faulthandler writes it under the rank's prefix)")
-        self.link.send({"type": rendezvous.HANG, "round": self.round, "rank": proc.member.rank, "reason": reason,
+        self.link.send({"type": rendezvous.HANG, "round": self.round, "rank": proc.spec.rank, "reason": reason,
                         "message": rendezvous.cut(describe(proc), rendezvous.MAX_TEXT), "at": time.time()})
 
-    def _capture_here(self, proc: gang.Proc, reason: str, why: str, describe: Callable[[gang.Proc], str],
-                      exempt: gang.Proc | None) -> None:
-        assert isinstance(self.group, hangs.Gang)
-        self.say(f"rank {proc.member.rank} hangs ({reason}); taking every local rank's Python stack "
+    def _capture_here(self, proc: procgroup.Proc, reason: str, why: str, describe: Callable[[procgroup.Proc], str],
+                      exempt: procgroup.Proc | None) -> None:
+        assert isinstance(self.group, hangs.CapturingGroup)
+        self.say(f"rank {proc.spec.rank} hangs ({reason}); taking every local rank's Python stack "
                  f"(SIGABRT: faulthandler writes it under the rank's prefix) before they end")
         self.capture = hangs.Capture.start(self.group, proc, reason, why, describe, exempt)
         self.capture_for_gang = False
@@ -571,7 +571,7 @@ class Agent:
         stacks; ``frozen`` says so (also when none runs)."""
         assert self.link is not None
         group = self.group
-        if (self.capture is None and isinstance(group, hangs.Gang) and not group.finished and group.running()
+        if (self.capture is None and isinstance(group, hangs.CapturingGroup) and not group.finished and group.running()
                 and self.stacks and not group.stop_deadline):
             if self.hang_pending is not None:
                 _, proc, reason, why, describe, exempt = self.hang_pending
@@ -588,7 +588,7 @@ class Agent:
         follows when they have (:meth:`_captured`), at once when this agent froze none."""
         assert self.link is not None
         if self.capture is not None and self.capture_for_gang:
-            ranks = [p.member.rank for p in self.capture.aborted]
+            ranks = [p.spec.rank for p in self.capture.aborted]
             if ranks:
                 self.say(f"a rank of the gang hangs ({self.capture.reason}): {stacks.ranks_words(ranks)} of this pod "
                          f"write their Python stacks (SIGABRT: faulthandler writes them under the rank's prefix) "
@@ -597,8 +597,8 @@ class Agent:
         elif self.capture is None:
             self._send_stacks({}, {}, 0.0)
 
-    def _send_stacks(self, states: Mapping[int, stacks.RankState], said: Mapping[gang.Proc, str],
-                     now: float, silent: Callable[[gang.Proc], float] | None = None) -> None:
+    def _send_stacks(self, states: Mapping[int, stacks.RankState], said: Mapping[procgroup.Proc, str],
+                     now: float, silent: Callable[[procgroup.Proc], float] | None = None) -> None:
         """``stacks``: each rank's state with its process, what was said of it and its last lines
         (as many as fit the member's line, the newest first), and the ranks killed by their
         watchdog timer as ranks without a stack."""
@@ -607,8 +607,8 @@ class Agent:
         procs = {**self.exempted, **said}
         budget = max(0, (rendezvous.MAX_MEMBER_LINE // 2) // max(1, len(procs)))
         rows = []
-        for p in sorted(procs, key=lambda p: p.member.rank):
-            state = states.get(p.member.rank) or stacks.RankState(p.member.rank, stacks.NO_STACK)
+        for p in sorted(procs, key=lambda p: p.spec.rank):
+            state = states.get(p.spec.rank) or stacks.RankState(p.spec.rank, stacks.NO_STACK)
             seconds = silent(p) if silent is not None else max(0.0, now - p.last_output)
             row = {**p.row(), **stacks.to_row(state), "silent": round(seconds, 3),
                    "said": rendezvous.cut(procs[p], rendezvous.MAX_TEXT),
@@ -621,7 +621,7 @@ class Agent:
         """Every rank of the capture has ended: their states go to the coordinator (a gang's
         capture), or the rule names the rank to blame here, and it is the failure."""
         capture, group = self.capture, self.group
-        assert capture is not None and isinstance(group, hangs.Gang)
+        assert capture is not None and isinstance(group, hangs.CapturingGroup)
         self.capture = None
         detail = self.s.output_in_failures
         if self.capture_for_gang and self.link is not None:
@@ -667,32 +667,32 @@ class Agent:
                     os.kill(request.pid, request.signal)
                 except OSError:
                     pass
-            name = gang.signal_name(-request.signal) or str(request.signal)
-            message = (f"watchdog timer {request.scope_id!r} of rank {proc.member.rank} (pid {request.pid}) expired; "
+            name = procgroup.signal_name(-request.signal) or str(request.signal)
+            message = (f"watchdog timer {request.scope_id!r} of rank {proc.spec.rank} (pid {request.pid}) expired; "
                        f"killed with {name}")
             self._hung(proc, rendezvous.REASON_WATCHDOG, "whose watchdog timer expired",
                        lambda p, m=message, hung=proc: m if p is hung else self._quiet(p),
                        exempt=proc if own and not abort else None)
 
-    def _on_failure(self, proc: gang.Proc) -> None:
+    def _on_failure(self, proc: procgroup.Proc) -> None:
         """The first process of the round to fail: report it at once (the gang stops the others)."""
         if self.received:
             return
         if self.s.procs > 1 and self.link is not None:  # alone, the last line says it
-            self.say(f"rank {proc.member.rank} (local rank {proc.member.local_rank}) "
+            self.say(f"rank {proc.spec.rank} (local rank {proc.spec.local_rank}) "
                      f"{self._how(proc)}; stopping the other local ranks")
         if self.link is not None and not self.failure_sent:
             self.failure_sent = True
             self.link.send({"type": rendezvous.FAILURE, "round": self.round, **self._failure_info(proc)})
 
-    def _how(self, proc: gang.Proc) -> str:
-        name = gang.signal_name(proc.returncode)
+    def _how(self, proc: procgroup.Proc) -> str:
+        name = procgroup.signal_name(proc.returncode)
         what = f"was killed by {name} (exit code {proc.code})" if name else f"exited with code {proc.code}"
         if proc.reason in (rendezvous.REASON_WATCHDOG, rendezvous.REASON_NO_PROGRESS):
             what += f": {proc.reason}"
         return what
 
-    def _failure_info(self, proc: gang.Proc) -> dict[str, Any]:
+    def _failure_info(self, proc: procgroup.Proc) -> dict[str, Any]:
         reason = proc.reason
         if reason is None and proc.returncode == -signal.SIGKILL and self.oom_base is not None:
             now = oom_kills()
@@ -702,16 +702,16 @@ class Agent:
             reason = rendezvous.REASON_SIGNAL if (proc.returncode or 0) < 0 else rendezvous.REASON_ERROR
         message = proc.message
         if self.s.output_in_failures:
-            message = message or error_file_message(proc.member.logs.error_file if proc.member.logs else None)
+            message = message or error_file_message(proc.spec.logs.error_file if proc.spec.logs else None)
         if not message:
-            message = f"rank {proc.member.rank} {self._how(proc)}"
+            message = f"rank {proc.spec.rank} {self._how(proc)}"
             if self.s.procs > 1:  # as the verdict line names it (failure_line)
-                message += f" (local rank {proc.member.local_rank})"
+                message += f" (local rank {proc.spec.local_rank})"
         tail = rendezvous.cut_lines(proc.tail) if self.s.output_in_failures else []
         return {**proc.row(), "reason": reason, "message": rendezvous.cut(message, rendezvous.MAX_TEXT), "tail": tail,
                 "at": proc.exited_at or time.time()}
 
-    def _end_round(self) -> gang.Gang:
+    def _end_round(self) -> procgroup.ProcGroup:
         group = self.group
         assert group is not None
         group.finish()
@@ -754,14 +754,14 @@ class Agent:
             if running:
                 now = time.monotonic()
                 stalest = min(running, key=lambda p: p.last_output)
-                beat.update(idle=round(now - stalest.last_output, 3), rank=stalest.member.rank,
+                beat.update(idle=round(now - stalest.last_output, 3), rank=stalest.spec.rank,
                             line=rendezvous.cut(stalest.last_line[-200:], rendezvous.MAX_OUTPUT_LINE)
                             if self.s.output_in_failures else "")
         link.send(beat)
 
     # --- endings ---------------------------------------------------------------------------------
 
-    def _signal_exit(self, group: gang.Gang) -> int:
+    def _signal_exit(self, group: procgroup.ProcGroup) -> int:
         """The exit code after a signal stopped the round: the first process's non-zero code (what
         it made of the signal), 128+N when they had to be killed, else 0."""
         codes = [p.code for p in group.procs if p.code]

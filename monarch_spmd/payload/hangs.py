@@ -1,7 +1,7 @@
 """A hung round's stacks, captured before its ranks end: the agent's I/O around :mod:`.stacks`.
 
-Where it sits: in the payload (standard library only, shipped into pods), between :mod:`.gang`
-(whose :class:`Gang` it extends to keep what ranks write after a point) and :mod:`.agent`, which
+Where it sits: in the payload (standard library only, shipped into pods), between :mod:`.procgroup`
+(whose :class:`.procgroup.ProcGroup` it extends to keep what ranks write after a point) and :mod:`.agent`, which
 starts a :class:`Capture` when a rank hangs (NoProgress, WatchdogTimeout) and reports the rank
 :func:`.stacks.blame` names. docs/restart-in-place.md describes it for users.
 
@@ -23,7 +23,7 @@ What a capture does, in order:
 4. the agent's loop goes on copying output until every such rank has exited (at most
    CAPTURE_SECONDS, then SIGKILL), then :meth:`Capture.states` parses each rank's dump from what
    it wrote after the abort. Within a gang of agents the states go to the coordinator, which
-   applies the rule to every rank of the gang (:meth:`.rendezvous.Coordinator.stacks`); an agent
+   applies the rule to every rank of the gang (:meth:`.coordinator.Coordinator.stacks`); an agent
    alone applies it to its own ranks (:meth:`Capture.finish`) and :func:`fail` makes the named
    rank the round's failure.
 """
@@ -39,24 +39,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from . import gang, stacks
+from . import procgroup, stacks
 
 #: How long the ranks have to write their stacks and end after SIGABRT before SIGKILL (seconds).
 CAPTURE_SECONDS: Final = 10.0
 
 
-class Gang(gang.Gang):
-    """A :class:`.gang.Gang` that keeps what chosen members write to stderr (their dumps)."""
+class CapturingGroup(procgroup.ProcGroup):
+    """A :class:`.procgroup.ProcGroup` that keeps what chosen processes write to stderr (their dumps)."""
 
     #: The most bytes of a dumping rank's unfinished stderr line held back (then passed on as is).
     HOLD_BYTES: Final = 64 * 1024
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.captured: dict[gang.Proc, bytearray] = {}
-        self.held: dict[gang.Proc, bytes] = {}
+        self.captured: dict[procgroup.Proc, bytearray] = {}
+        self.held: dict[procgroup.Proc, bytes] = {}
 
-    def _emit(self, proc: gang.Proc, which: int, data: bytes) -> None:
+    def _emit(self, proc: procgroup.Proc, which: int, data: bytes) -> None:
         buffer = self.captured.get(proc)
         if buffer is None or which != 2:
             super()._emit(proc, which, data)
@@ -72,14 +72,14 @@ class Gang(gang.Gang):
         if cut:
             super()._emit(proc, which, held[:cut])
 
-    def release(self, proc: gang.Proc) -> None:
+    def release(self, proc: procgroup.Proc) -> None:
         """Stops keeping ``proc``'s stderr; passes on what was held back."""
         self.captured.pop(proc, None)
         held = self.held.pop(proc, b"")
         if held:
             super()._emit(proc, 2, held)
 
-    def _close(self, fileobj: Any, proc: gang.Proc, which: int) -> None:
+    def _close(self, fileobj: Any, proc: procgroup.Proc, which: int) -> None:
         if which == 2:
             held = self.held.pop(proc, b"")
             if held:
@@ -125,19 +125,19 @@ class Capture:
     """
 
     reason: str
-    fallback: gang.Proc
+    fallback: procgroup.Proc
     fallback_why: str
-    describe: Callable[[gang.Proc], str]
-    procs: list[gang.Proc]
-    aborted: list[gang.Proc]
+    describe: Callable[[procgroup.Proc], str]
+    procs: list[procgroup.Proc]
+    aborted: list[procgroup.Proc]
     deadline: float
-    saved: dict[gang.Proc, tuple[list[str], str, float]] = field(default_factory=dict)
+    saved: dict[procgroup.Proc, tuple[list[str], str, float]] = field(default_factory=dict)
     finished: bool = False
     killed: bool = False
 
     @classmethod
-    def freeze(cls, group: Gang, fallback: gang.Proc, reason: str, fallback_why: str,
-               describe: Callable[[gang.Proc], str], exempt: gang.Proc | None = None) -> Capture:
+    def freeze(cls, group: CapturingGroup, fallback: procgroup.Proc, reason: str, fallback_why: str,
+               describe: Callable[[procgroup.Proc], str], exempt: procgroup.Proc | None = None) -> Capture:
         """Steps 1 and 2 up to the abort, on the round's running ranks (``exempt`` included, as no
         stack): each rank to dump is stopped (SIGSTOP to its process group), so that none sees a
         peer die before every rank of the gang, on every member, has been stopped too (a rank
@@ -173,8 +173,8 @@ class Capture:
         return capture
 
     @classmethod
-    def start(cls, group: Gang, fallback: gang.Proc, reason: str, fallback_why: str,
-              describe: Callable[[gang.Proc], str], exempt: gang.Proc | None = None) -> Capture:
+    def start(cls, group: CapturingGroup, fallback: procgroup.Proc, reason: str, fallback_why: str,
+              describe: Callable[[procgroup.Proc], str], exempt: procgroup.Proc | None = None) -> Capture:
         """Steps 1 and 2 at once (:meth:`freeze`, then :meth:`abort`): the ranks of one agent."""
         capture = cls.freeze(group, fallback, reason, fallback_why, describe, exempt)
         capture.abort()
@@ -215,7 +215,7 @@ class Capture:
                     pass
         return not left
 
-    def states(self, group: Gang) -> dict[int, stacks.RankState]:
+    def states(self, group: CapturingGroup) -> dict[int, stacks.RankState]:
         """Rule 1 on each rank's dump (read from what it wrote after the abort); each rank's own
         last lines are put back (the failure report keeps them, not its dump)."""
         dumps: dict[int, stacks.Stack | None] = {}
@@ -223,35 +223,35 @@ class Capture:
             group._drain(p)
             data = group.captured.get(p)
             group.release(p)
-            dumps[p.member.rank] = stacks.parse(data.decode("utf-8", "replace")) if data else None
+            dumps[p.spec.rank] = stacks.parse(data.decode("utf-8", "replace")) if data else None
             tail, last, _ = self.saved[p]
-            p.tail = deque(tail, maxlen=gang.TAIL_LINES)
+            p.tail = deque(tail, maxlen=procgroup.TAIL_LINES)
             p.last_line = last
         self.finished = True
         return {rank: stacks.classify(rank, dump, _source) for rank, dump in dumps.items()}
 
     def order(self) -> list[int]:
         """The ranks, silent longest first."""
-        return [p.member.rank for p in sorted(self.procs, key=lambda p: self.saved[p][2])]
+        return [p.spec.rank for p in sorted(self.procs, key=lambda p: self.saved[p][2])]
 
-    def silent_for(self, proc: gang.Proc, now: float) -> float:
+    def silent_for(self, proc: procgroup.Proc, now: float) -> float:
         """Seconds ``proc`` had been silent when the capture began (its last output before)."""
         return max(0.0, now - self.saved[proc][2])
 
-    def finish(self, group: Gang, detail: bool) -> stacks.Blame:
+    def finish(self, group: CapturingGroup, detail: bool) -> stacks.Blame:
         """Step 3: reads each rank's dump and applies the rule (``detail``: name call sites)."""
-        return stacks.judge(self.states(group), self.order(), self.fallback.member.rank, self.fallback_why,
+        return stacks.judge(self.states(group), self.order(), self.fallback.spec.rank, self.fallback_why,
                             detail=detail)
 
-    def proc(self, rank: int) -> gang.Proc:
-        return next(p for p in self.procs if p.member.rank == rank)
+    def proc(self, rank: int) -> procgroup.Proc:
+        return next(p for p in self.procs if p.spec.rank == rank)
 
     def message(self, verdict: stacks.Blame, detail: bool) -> str:
         """The failure's message (:func:`.stacks.failure_message`)."""
         return stacks.failure_message(verdict, self.describe(self.proc(verdict.rank)), detail)
 
 
-def fail(group: Gang, proc: gang.Proc, reason: str, message: str) -> None:
+def fail(group: CapturingGroup, proc: procgroup.Proc, reason: str, message: str) -> None:
     """Makes ``proc`` the round's failure with ``reason`` (as if it had failed of its own): it is
     reported (``on_failure``) and every rank's process group is killed (what they started)."""
     proc.stopped = False

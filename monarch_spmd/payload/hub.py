@@ -8,7 +8,7 @@ sockets and the thread rank 0's agent runs) and the test suite's deterministic s
 A :class:`Peer` is one connection. Its first line must be a ``hello`` carrying the attempt's
 token (:func:`.rendezvous.token_matches`); that line makes it a member, a hot spare or an
 observer. A member's later messages are checked (:func:`.rendezvous.check_member_message`) and
-fed to the :class:`.rendezvous.Coordinator`; what the coordinator returns is routed here: to one
+fed to the :class:`.coordinator.Coordinator`; what the coordinator returns is routed here: to one
 member, to every member, to a spare, or to the observers. A bad message closes its own
 connection and nothing else (a member closed so is lost, as if its connection had broken).
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import rendezvous
+from . import coordinator, rendezvous
 
 
 #: The role of a member's connection after its ``leave``: it stays open until its agent ends.
@@ -64,7 +64,7 @@ class Hub:
         close: the transport's close: ``close(peer)``.
     """
 
-    def __init__(self, machine: rendezvous.Coordinator, token: str,
+    def __init__(self, machine: coordinator.Coordinator, token: str,
                  send: Callable[[Peer, bytes], bool], close: Callable[[Peer], None]) -> None:
         self.machine = machine
         self.token = token

@@ -1,7 +1,7 @@
 """The agent's member side of the restart-in-place protocol, as a state machine without I/O.
 
 Where it sits: in the payload (standard library only), beside :mod:`.rendezvous` (whose
-:class:`.rendezvous.Coordinator` is the other side) and below :mod:`.agent`, which owns the
+:class:`.coordinator.Coordinator` is the other side) and below :mod:`.agent`, which owns the
 connection, the processes and the signals, feeds this what happens, and carries out what it
 returns. Nothing here reads a clock or touches a socket, so every phase and every message is
 tested from tables (tests/unit/test_member.py), as the coordinator is.

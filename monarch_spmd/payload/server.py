@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from . import hub, rendezvous
+from . import coordinator, hub, rendezvous
 from .link import keepalive
 
 _PREFIX = "monarch-spmd worker"
@@ -43,7 +43,7 @@ class CoordinatorServer:
         lock: the state machine's (held while the hub runs; tests take it to act on the machine).
     """
 
-    def __init__(self, sock: socket.socket, machine: rendezvous.Coordinator, token: str = "") -> None:
+    def __init__(self, sock: socket.socket, machine: coordinator.Coordinator, token: str = "") -> None:
         self.sock = sock
         self.sock.setblocking(False)
         self.machine = machine

@@ -117,7 +117,7 @@ What it does, in order:
    (TORCHELASTIC_ENABLE_FILE_TIMER) and the progress timeout in every mode.
 
 In the PerHost layout step 4 runs one process per proc of the host, as torchrun's agent runs
-``--nproc-per-node`` workers (:mod:`.gang`): each with its own environment from the contract
+``--nproc-per-node`` workers (:mod:`.procgroup`): each with its own environment from the contract
 (LOCAL_RANK = its index on the last dimension), each output line prefixed with its rank; the
 first to fail stops its siblings (SIGTERM, SIGKILL after the grace period) and the worker's last
 line names it (``monarch-spmd worker: rank R exited with code C (local rank L) in restart N;
@@ -162,7 +162,7 @@ if __name__ == "__main__" and not __package__:
     _spec.loader.exec_module(_package)
     sys.exit(importlib.import_module(f"{_spec.name}.worker").main())
 
-from . import agent, contract, gang, rendezvous, stacks, timer
+from . import agent, contract, counting, procgroup, rendezvous, stacks, timer
 from .names import (
     AGENT_ADDR_VAR,
     AGENT_PORT_VAR,
@@ -352,9 +352,9 @@ class WorkerInputs:
         return dataclasses.replace(self, mesh=[(self.mesh[0][0], count), *self.mesh[1:]],
                                    coords=[group, *self.coords[1:]])
 
-    def policy(self) -> rendezvous.Policy:
+    def policy(self) -> counting.Policy:
         """The restart policy the coordinator decides with."""
-        return rendezvous.Policy(
+        return counting.Policy(
             max_restarts=self.max_restarts, disruptions=self.disruptions,
             permanent_exit_codes=self.permanent_exit_codes, retryable_exit_codes=self.retryable_exit_codes,
             permanent_reasons=self.permanent_reasons, backoff=self.backoff, max_backoff=self.max_backoff,
@@ -608,8 +608,8 @@ def read_inputs(environ: Mapping[str, str]) -> WorkerInputs:
     try:
         permanent_codes = rendezvous.parse_codes(environ.get(PERMANENT_EXIT_CODES_VAR, ""), PERMANENT_EXIT_CODES_VAR)
         retryable_codes = rendezvous.parse_codes(environ.get(RETRYABLE_EXIT_CODES_VAR, ""), RETRYABLE_EXIT_CODES_VAR)
-        redirects = gang.parse_std(environ.get(REDIRECTS_VAR, "") or "0", REDIRECTS_VAR)
-        tee = gang.parse_std(environ.get(TEE_VAR, "") or "0", TEE_VAR)
+        redirects = procgroup.parse_std(environ.get(REDIRECTS_VAR, "") or "0", REDIRECTS_VAR)
+        tee = procgroup.parse_std(environ.get(TEE_VAR, "") or "0", TEE_VAR)
     except ValueError as e:
         raise WorkerInputError(str(e)) from None
     return WorkerInputs(
@@ -884,7 +884,7 @@ def run_agent(inputs: WorkerInputs, command: Sequence[str], base: Mapping[str, s
             this = this.resized(*group)
         return {**clean, **build_env(this, clean, local)}
 
-    out = gang.Prefixer(gang.stream_writer(sys.stdout, sys.stderr))
+    out = procgroup.Prefixer(procgroup.stream_writer(sys.stdout, sys.stderr))
     settings = agent_settings(inputs, base)
     if settings.progress_timeout > 0 or settings.watchdog:
         # A hang detector is armed: a hung rank's stack is taken before it ends (SIGABRT makes

@@ -2,7 +2,7 @@
 
 The decisions are the product's own: a member's side of the protocol is the real
 :class:`monarch_spmd.payload.member.Member`; member 0 serves the real
-:class:`monarch_spmd.payload.hub.Hub` around the real :class:`~monarch_spmd.payload.rendezvous.Coordinator`;
+:class:`monarch_spmd.payload.hub.Hub` around the real :class:`~monarch_spmd.payload.coordinator.Coordinator`;
 a pod's inputs are read by the real ``worker.read_inputs`` from the env the operator's real
 builder wrote, and turned into the agent's settings by ``worker.agent_settings``. What is
 simulated is the I/O the real :class:`monarch_spmd.payload.agent.Agent` does around them, step by
@@ -16,7 +16,7 @@ from typing import Any
 
 from monarch_spmd.payload import agent as agent_mod
 from monarch_spmd.payload import hub as hub_mod
-from monarch_spmd.payload import member, rendezvous, worker
+from monarch_spmd.payload import coordinator, elastic, member, rendezvous, worker
 from monarch_spmd.payload.names import EX_TEMPFAIL
 
 from .cluster import Pod, Rank
@@ -409,7 +409,7 @@ class Worker(Proc):
         assert s is not None
         group = None
         if isinstance(listed, list) and all(isinstance(m, int) and not isinstance(m, bool) for m in listed):
-            group = rendezvous.group_of(s.member, listed)
+            group = elastic.group_of(s.member, listed)
         self.first_rank = s.first_rank if group is None else group[0] * s.procs
         self.first_failure = None
         self.failure_sent = False
@@ -462,7 +462,7 @@ class Server(Proc):
         worker.pod.procs.append(self)
         s = worker.settings
         assert s is not None
-        machine = rendezvous.Coordinator(s.members, s.first_round, s.policy, self.world.now,
+        machine = coordinator.Coordinator(s.members, s.first_round, s.policy, self.world.now,
                                          world_size=s.world_size, run_id=s.run_id, wall=self.world.wall)
         self.hub = hub_mod.Hub(machine, s.token, self._send, self._close)
         self.peers: dict[int, hub_mod.Peer] = {}

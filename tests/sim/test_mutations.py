@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from monarch_spmd.payload import failures, rendezvous
+from monarch_spmd.payload import coordinator, counting, failures, fence, rendezvous, takeover
 from spmd_operator.lifecycle import inplace, spares, status
 
 from .core import Violation
@@ -38,7 +38,7 @@ MUTATIONS: dict[str, tuple[str | tuple[str, ...], Callable[[pytest.MonkeyPatch],
     # 1. counting: a peer's broken collective, reported before the loss it follows, is charged
     # (with maxRestarts 0 it fails the job: invariant 2, its twin).
     "losses sort after every failure": (
-        ("invariant 1", "invariant 2"), lambda mp: mp.setattr(rendezvous, "root_cause", _old_root_cause)),
+        ("invariant 1", "invariant 2"), lambda mp: mp.setattr(counting, "root_cause", _old_root_cause)),
     # 2. no failure from disruptions: a pod deleted by hand counted against maxRestarts (the
     # operator's old rule).
     "a pod deleted is the program's failure": (
@@ -46,19 +46,19 @@ MUTATIONS: dict[str, tuple[str | tuple[str, ...], Callable[[pytest.MonkeyPatch],
                                             failures.DISRUPTION_REASONS - {"PodDeleted", "PodMissing"})),
     # 3. one round at a time: the next round does not wait for a departed member's processes.
     "no wait for a departed member": (
-        "invariant 3", lambda mp: mp.setattr(rendezvous.Coordinator, "_fenced", lambda self: True)),
+        "invariant 3", lambda mp: mp.setattr(coordinator.Coordinator, "_fenced", lambda self: True)),
     # 3. fencing: an agent cut off keeps its processes for the whole stop grace.
     "the fence is the stop grace": (
         "invariant 3", lambda mp: mp.setattr(rendezvous, "FENCE_GRACE", 60.0)),
     # 4. no needless recreation: a coordinator gives its gang up after any stall of its own.
     "any stall gives the gang up": (
-        "invariant 4", lambda mp: mp.setattr(rendezvous, "STALL_GIVE_UP", rendezvous.STALL_SECONDS)),
+        "invariant 4", lambda mp: mp.setattr(fence, "STALL_GIVE_UP", rendezvous.STALL_SECONDS)),
     # 5. liveness: a spare given a place that never arrives strands it until the join timeout.
     "a spare's place waits forever": (
-        "invariant 5", lambda mp: mp.setattr(rendezvous, "ASSIGN_SECONDS", 1e9)),
+        "invariant 5", lambda mp: mp.setattr(takeover, "ASSIGN_SECONDS", 1e9)),
     # 5. liveness: a coordinator that lost a member by silence stays isolated whatever it hears.
     "isolated for good": (
-        "invariant 5", lambda mp: mp.setattr(rendezvous.Coordinator, "isolated",
+        "invariant 5", lambda mp: mp.setattr(coordinator.Coordinator, "isolated",
                                             lambda self: self.member_silent_at is not None)),
     # 5. liveness: nodes judged lost are forgotten, their pods hold the next attempt.
     "lost nodes forgotten": (

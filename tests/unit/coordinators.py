@@ -1,7 +1,7 @@
 """A coordinator for the state machine's table tests, as the operator observes it in a cluster.
 
 A coordinator that loses a member by silence holds its next round until an observer's heartbeat
-says it is still heard (rendezvous.Coordinator.isolated). The tables of rounds, spares and
+says it is still heard (coordinator.Coordinator.isolated). The tables of rounds, spares and
 elastic sizes are about other rules: their coordinator is observed, and its observer beats right
 after each loss. tests/unit/test_isolation.py holds the isolation rule itself.
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from monarch_spmd.payload.rendezvous import Coordinator, Out
+from monarch_spmd.payload.coordinator import Coordinator
+from monarch_spmd.payload.rendezvous import Out
 
 
 class Observed(Coordinator):

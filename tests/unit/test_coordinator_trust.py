@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from monarch_spmd.payload import agent, rendezvous as rv
+from monarch_spmd.payload import agent, coordinator
+from monarch_spmd.payload import rendezvous as rv
 
 TOKEN = rv.new_token()
 
@@ -85,14 +86,14 @@ def test_the_token_is_compared_whole_and_no_token_means_no_check():
 
 
 def test_a_members_disruptions_can_never_exceed_the_rounds_there_were():
-    c = rv.Coordinator(2, 3, rv.Policy(max_restarts=0), now=0.0, world_size=2, run_id="job")
+    c = coordinator.Coordinator(2, 3, coordinator.Policy(max_restarts=0), now=0.0, world_size=2, run_id="job")
     c.start()
     c.hello(0, "a", 0.0, disruptions=10**9)
     c.hello(1, "b", 0.0, disruptions=1)
     assert c.disruptions == 3, "at most the round: restarts keep counting against maxRestarts"
 
 
-def _fail_with_long_output(c: rv.Coordinator, now: float) -> None:
+def _fail_with_long_output(c: coordinator.Coordinator, now: float) -> None:
     r = c.round
     for m in range(c.members):
         if m not in c.incarnations:
@@ -109,7 +110,7 @@ def _fail_with_long_output(c: rv.Coordinator, now: float) -> None:
 
 
 def test_a_long_history_of_long_failures_still_fits_one_welcome_line_with_the_newest_whole():
-    c = rv.Coordinator(2, 0, rv.Policy(max_restarts=10_000, backoff=0.0, member_failure_limit=10**6), now=0.0,
+    c = coordinator.Coordinator(2, 0, coordinator.Policy(max_restarts=10_000, backoff=0.0, member_failure_limit=10**6), now=0.0,
                        world_size=2, run_id="job", wall=lambda: 1000.0)
     c.start()
     for i in range(300):
@@ -133,7 +134,7 @@ class Server:
     def __init__(self, members: int = 2, token: str = TOKEN) -> None:
         sock = socket.create_server(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
-        self.machine = rv.Coordinator(members, 0, rv.Policy(max_restarts=3, backoff=0.0), time.monotonic(),
+        self.machine = coordinator.Coordinator(members, 0, coordinator.Policy(max_restarts=3, backoff=0.0), time.monotonic(),
                                       world_size=members, run_id="job-uid", wall=time.time)
         self.server = agent.CoordinatorServer(sock, self.machine, token)
         self.server.start()

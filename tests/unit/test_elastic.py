@@ -8,9 +8,11 @@ from __future__ import annotations
 import pytest
 
 from monarch_spmd.payload import member as mb
+from monarch_spmd.payload import elastic
 from monarch_spmd.payload import rendezvous as rv
 from monarch_spmd.payload import worker
-from monarch_spmd.payload.rendezvous import ALL, OBSERVERS, Coordinator, Policy
+from monarch_spmd.payload.coordinator import Coordinator, Policy
+from monarch_spmd.payload.rendezvous import ALL, OBSERVERS
 
 from .coordinators import Observed
 
@@ -201,7 +203,7 @@ def test_a_hang_capture_waits_only_for_the_members_in_the_round():
     ([0, 1, 3], 2, None),
 ])
 def test_group_of_numbers_the_round_densely_in_member_order(participants, member, group):
-    assert rv.group_of(member, participants) == group
+    assert elastic.group_of(member, participants) == group
 
 
 def test_a_member_not_listed_in_go_joins_the_next_round_instead_of_starting():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from monarch_spmd.payload import follow, rendezvous
+from monarch_spmd.payload import coordinator, counting, follow, rendezvous
 from monarch_spmd.payload.follow import Follower
 
 R = rendezvous
@@ -183,10 +183,10 @@ def test_every_observer_event_type_is_in_the_table():
 
 
 def test_against_the_real_coordinator_an_observer_that_comes_back_misses_nothing_and_repeats_nothing():
-    """The coordinator's own welcome and events (rendezvous.Coordinator) through a restart, with an
+    """The coordinator's own welcome and events (coordinator.Coordinator) through a restart, with an
     observer that leaves mid-gang and comes back: each event at most once, in order, and every
     event of the history the coordinator keeps taken."""
-    c = rendezvous.Coordinator(2, 0, rendezvous.Policy(max_restarts=3, backoff=0), 0.0, world_size=2,
+    c = coordinator.Coordinator(2, 0, counting.Policy(max_restarts=3, backoff=0), 0.0, world_size=2,
                                run_id="run-1", wall=lambda: 0.0)
     outs = list(c.start())
     f = Follower(run_id="run-1")

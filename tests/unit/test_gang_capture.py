@@ -10,7 +10,8 @@ import pytest
 from monarch_spmd.payload import member as mb
 from monarch_spmd.payload import rendezvous as rv
 from monarch_spmd.payload import stacks
-from monarch_spmd.payload.rendezvous import ALL, OBSERVERS, Coordinator, Policy
+from monarch_spmd.payload.coordinator import Coordinator, Policy
+from monarch_spmd.payload.rendezvous import ALL, OBSERVERS
 
 from .coordinators import Observed
 

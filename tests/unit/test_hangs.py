@@ -10,7 +10,7 @@ import sys
 import time
 from types import SimpleNamespace
 
-from monarch_spmd.payload import gang, hangs, stacks
+from monarch_spmd.payload import hangs, procgroup, stacks
 
 from .test_stacks import ALL_REDUCE, SLEEP
 
@@ -19,7 +19,7 @@ def _capture(ranks: list[int], fallback: int) -> hangs.Capture:
     procs = [SimpleNamespace(member=SimpleNamespace(rank=r)) for r in ranks]
     named = {r: p for r, p in zip(ranks, procs)}
     return hangs.Capture("NoProgress", named[fallback], "went silent first",
-                         lambda p: f"rank {p.member.rank} wrote nothing for 10s (progress timeout 10s)",
+                         lambda p: f"rank {p.spec.rank} wrote nothing for 10s (progress timeout 10s)",
                          procs, [], 0.0)  # type: ignore[arg-type]
 
 
@@ -69,18 +69,18 @@ def test_real_ranks_dump_their_stacks_on_sigabrt_and_the_rule_reads_them():
     code = ("import sys, time\nprint('ready', flush=True)\n"
             "if sys.argv[1] == 'sleep':\n    time.sleep(600)\nwhile True:\n    pass\n")
     command = stacks.with_faulthandler([sys.executable, "-c", code])
-    members = [gang.Member(rank=r, command=[*command, kind], env=dict(os.environ))
+    members = [procgroup.ProcSpec(rank=r, command=[*command, kind], env=dict(os.environ))
                for r, kind in enumerate(("sleep", "spin"))]
     out: list[bytes] = []
-    group = hangs.Gang(members, lambda _which, data: out.append(data), grace=5.0)
+    group = hangs.CapturingGroup(members, lambda _which, data: out.append(data), grace=5.0)
     group.start()
     try:
         deadline = time.monotonic() + 60
         while sum(p.last_line == "ready" for p in group.procs) < 2 and time.monotonic() < deadline:
             group.step(0.1)
         capture = hangs.Capture.start(group, group.procs[0], "NoProgress", "went silent first",
-                                      lambda p: f"rank {p.member.rank} is silent")
-        assert [p.member.rank for p in capture.aborted] == [0, 1]
+                                      lambda p: f"rank {p.spec.rank} is silent")
+        assert [p.spec.rank for p in capture.aborted] == [0, 1]
         deadline = time.monotonic() + 60
         while not capture.done() and time.monotonic() < deadline:
             group.step(0.1)

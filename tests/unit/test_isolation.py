@@ -1,6 +1,6 @@
 """The coordinator's rules for what it cannot see: a member lost without a word, its own stall,
 its isolation from the operator, a departing member's processes, a spare that never arrives,
-and which failure a restart is charged to (rendezvous.root_cause).
+and which failure a restart is charged to (counting.root_cause).
 
 Each rule is the fix of a schedule the simulation found (tests/sim); these tables hold the rule
 at the state machine's level."""
@@ -8,7 +8,8 @@ at the state machine's level."""
 from __future__ import annotations
 
 from monarch_spmd.payload import rendezvous as rv
-from monarch_spmd.payload.rendezvous import ALL, Coordinator, Policy
+from monarch_spmd.payload.coordinator import Coordinator, Policy
+from monarch_spmd.payload.rendezvous import ALL
 
 
 def machine(members: int = 3, wall: list[float] | None = None, **policy) -> Coordinator:

@@ -1,12 +1,13 @@
 """The agent's member side (monarch_spmd.payload.member.Member), from tables like the coordinator's
 (test_rendezvous.py): every coordinator message in every phase, the round's end, signals and a lost
-coordinator; then a whole gang of Members against the real rendezvous.Coordinator."""
+coordinator; then a whole gang of Members against the real coordinator.Coordinator."""
 
 from __future__ import annotations
 
 import pytest
 
 from monarch_spmd.payload import member as m
+from monarch_spmd.payload import coordinator
 from monarch_spmd.payload import rendezvous as R
 from monarch_spmd.payload.member import Do, Member
 
@@ -122,7 +123,7 @@ def test_a_lost_coordinator(phase, signalled, running, ok, expect):
 def _gang_against_the_coordinator(fail_in_round: dict[int, int], max_restarts: int) -> tuple[list[Member], list]:
     """Two Members and the real Coordinator, message by message: member ``fail_in_round[r]``'s
     process fails in round r, the others run until stopped."""
-    c = R.Coordinator(2, 0, R.Policy(max_restarts=max_restarts, backoff=0), 0.0, world_size=2, wall=lambda: 0.0)
+    c = coordinator.Coordinator(2, 0, coordinator.Policy(max_restarts=max_restarts, backoff=0), 0.0, world_size=2, wall=lambda: 0.0)
     c.start()
     members = [Member(0), Member(0)]
     running = [False, False]

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from monarch_spmd.payload import agent, rendezvous
+from monarch_spmd.payload import agent, coordinator, counting, rendezvous
 from monarch_spmd.spec import parse_job_spec
 from spmd_operator import builders, controller, kube, lifecycle, names, observer
 
@@ -31,7 +31,7 @@ class Coordinator:
                  token: str = TOKEN) -> None:
         sock = socket.create_server(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
-        machine = rendezvous.Coordinator(members, first_round, rendezvous.Policy(max_restarts=max_restarts, backoff=0.0),
+        machine = coordinator.Coordinator(members, first_round, counting.Policy(max_restarts=max_restarts, backoff=0.0),
                                          time.monotonic(), world_size=members, run_id=run_id, wall=time.time)
         self.server = agent.CoordinatorServer(sock, machine, token)
         self.server.start()

@@ -8,8 +8,10 @@ import json
 
 import pytest
 
+from monarch_spmd.payload import counting, elastic
 from monarch_spmd.payload import rendezvous as rv
-from monarch_spmd.payload.rendezvous import ALL, OBSERVERS, Coordinator, Policy
+from monarch_spmd.payload.coordinator import Coordinator, Policy
+from monarch_spmd.payload.rendezvous import ALL, OBSERVERS
 
 from .coordinators import Observed
 
@@ -179,8 +181,8 @@ def test_the_streak_counts_one_member_in_a_row():
 
 
 def test_back_off_grows_for_restarts_in_a_row_and_resets_after_a_healthy_stretch():
-    assert [rv.backoff_seconds(k, 10, 300) for k in (1, 2, 3, 4, 5, 6, 7)] == [0, 10, 20, 40, 80, 160, 300]
-    assert rv.backoff_seconds(5, 0, 300) == 0
+    assert [counting.backoff_seconds(k, 10, 300) for k in (1, 2, 3, 4, 5, 6, 7)] == [0, 10, 20, 40, 80, 160, 300]
+    assert counting.backoff_seconds(5, 0, 300) == 0
     c = machine(max_restarts=10, backoff=10.0, max_backoff=300.0, backoff_reset=100.0, member_failure_limit=99)
     start_round(c, 0.0)
     waits = []
@@ -369,7 +371,7 @@ def test_line_framing():
 
 
 def test_the_quorum_is_every_member_today():
-    assert rv.quorum_reached({0, 1, 2}, 3) and not rv.quorum_reached({0, 2}, 3) and rv.quorum_reached({0, 1, 5}, 2)
+    assert elastic.quorum_reached({0, 1, 2}, 3) and not elastic.quorum_reached({0, 2}, 3) and elastic.quorum_reached({0, 1, 5}, 2)
 
 
 def test_policy_lists_parse_naming_the_variable():

@@ -339,7 +339,7 @@ def test_payload_imports_only_the_standard_library_and_its_siblings(name):
 
 def test_payload_holds_the_contract_the_worker_and_the_names():
     assert {"__init__.py", "contract.py", "names.py", "worker.py", "agent.py", "rendezvous.py", "timer.py",
-            "failures.py", "gang.py"} <= set(PAYLOAD_FILES)
+            "failures.py", "procgroup.py"} <= set(PAYLOAD_FILES)
 
 
 def test_init_imports_actor_only_inside_getattr():

@@ -158,8 +158,9 @@ def failures(p: Pass) -> list[Failure]:
     if p.phase == RUNNING or p.in_place_round:
         last: dict[int, PodInfo] = {}
         for pod in p.o.gone:
-            if pod.restart == p.gang and (p.index(pod) not in last or pod.replacement >= last[p.index(pod)].replacement):
-                last[p.index(pod)] = pod
+            member = p.member_of(pod)
+            if member is not None and (member not in last or pod.replacement >= last[member].replacement):
+                last[member] = pod
         for index in range(p.pods_per_attempt):
             if index in current:
                 continue

@@ -192,8 +192,7 @@ def _lost_pod(p: Pass, member: int, failed_round: int | None = None) -> PodInfo 
     elif pod is not None:
         return pod if pod.deleting or pod.finished or pod.phase == "Unknown" else None
     # A pod still listed comes first: max keeps the first of equal replacements.
-    gone = [g for g in (*p.o.pods, *p.o.gone) if g.restart == p.gang and p.index(g) == member
-            and (older is None or g.replacement < older)]
+    gone = [g for g in p.member_pods(member) if older is None or g.replacement < older]
     if gone:
         return max(gone, key=lambda g: g.replacement)
     return PodInfo(name=names.pod_name(p.o.job, p.gang, member, older - 1 if older else 0),
@@ -261,7 +260,7 @@ def charged(pod: PodInfo) -> bool:
     """Whether a lost member's pod is the program's failure: its container itself failed (an
     OOM-killed container, a crashed worker), not taken away (deleted, evicted, its node lost),
     ended well, or given up in place (75: its coordinator was gone). Every other loss of a member
-    is a disruption, as the coordinator takes it (rendezvous.root_cause)."""
+    is a disruption, as the coordinator takes it (counting.root_cause)."""
     if pod.disrupted or policy.is_disruption(_loss_reason(pod)):
         return False  # taken away: deleted, evicted, preempted, its node lost
     return pod.phase == FAILED and pod.exit_code not in (None, 0, EX_TEMPFAIL)
@@ -313,8 +312,7 @@ def member_before_takeover(p: Pass, member: int, took: Mapping[str, Any]) -> Pod
     its place: the newest other pod of that index (still listed, or deleted lately)."""
     spare = _int(took.get("spare"))
     spare_pod = names.spare_pod_name(p.o.job, p.gang, spare) if spare is not None else None
-    older = [g for g in (*p.o.pods, *p.o.gone) if g.restart == p.gang and g.spare is None and p.index(g) == member
-             and g.name != spare_pod]
+    older = [g for g in p.member_pods(member) if g.spare is None and g.name != spare_pod]
     return max(older, key=lambda g: g.replacement) if older else None
 
 

@@ -34,7 +34,7 @@ from .status import Pass
 
 _SPARE_NAME: Final = re.compile(r"-s(\d+)$")
 #: The back-off before a spare pod after one crashed (doubling for each further one, at most the
-#: second): as a crash loop of the program's (rendezvous.backoff_seconds).
+#: second): as a crash loop of the program's (counting.backoff_seconds).
 SPARE_BACKOFF: Final = 10.0
 SPARE_MAX_BACKOFF: Final = 300.0
 

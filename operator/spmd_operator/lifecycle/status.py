@@ -220,9 +220,21 @@ class Pass:
     def procs_per_pod(self) -> int:
         return policy.procs_per_pod(self.spec)
 
-    def index(self, pod: PodInfo) -> int:
-        """A pod's index in its attempt (its rank label is its first proc's rank)."""
-        return pod.rank // self.procs_per_pod
+    def member_of(self, pod: PodInfo) -> int | None:
+        """THE rule of which member of the current gang a pod is: member m is every pod of the
+        gang whose rank label is m's first rank (the gang's own pod, the pods created alone in its
+        place, a hot spare adopted as it); the newest listed is m's pod now (:meth:`current`).
+        None: a pod of another gang, a spare not adopted, a rank outside the mesh."""
+        per = self.procs_per_pod
+        if pod.restart != self.gang or not 0 <= pod.rank < self.pods_per_attempt * per or pod.rank % per:
+            return None
+        return pod.rank // per
+
+    def member_pods(self, member: int) -> list[PodInfo]:
+        """Every pod that was member ``member`` of the current gang, still listed or deleted lately,
+        by replacement number (a listed pod before a gone one of the same number)."""
+        return sorted((g for g in (*self.o.pods, *self.o.gone) if self.member_of(g) == member),
+                      key=lambda g: g.replacement)
 
     def index_of_rank(self, rank: int) -> int:
         """The index of the pod that runs ``rank``."""
@@ -252,23 +264,18 @@ class Pass:
         """The pods of the current gang, by index: of each index the newest (a pod replaced alone
         during a restart in place gives way to its replacement). Worked out once per gang."""
         if self._current is None or self._current[0] != self.gang:
-            n, per = self.pods_per_attempt, self.procs_per_pod
             pods: dict[int, PodInfo] = {}
             for p in self.o.pods:
-                if p.restart == self.gang and 0 <= p.rank < n * per and p.rank % per == 0:
-                    i = p.rank // per
-                    if i not in pods or p.replacement > pods[i].replacement:
-                        pods[i] = p
+                i = self.member_of(p)
+                if i is not None and (i not in pods or p.replacement > pods[i].replacement):
+                    pods[i] = p
             self._current = (self.gang, pods)
         return dict(self._current[1])
 
     def next_replacement(self, index: int) -> int:
         """The replacement number a new pod of ``index`` in the current gang gets: above every pod of
         that index seen (still there, or deleted recently), so its name is never one in use."""
-        per = self.procs_per_pod
-        seen = [p.replacement for p in (*self.o.pods, *self.o.gone)
-                if p.restart == self.gang and p.rank == index * per]
-        return max(seen, default=0) + 1
+        return max((p.replacement for p in self.member_pods(index)), default=0) + 1
 
     def stale(self) -> list[PodInfo]:
         """Pods of other attempts (older ones, or ranks outside the mesh)."""

@@ -1,4 +1,4 @@
-"""How the gang copies output (monarch_spmd.payload.gang.Prefixer): partial lines and carriage
+"""How the gang copies output (monarch_spmd.payload.procgroup.Prefixer): partial lines and carriage
 returns pass as they arrive, every line and every rewritten line keeps its rank prefix, and one
 source's open line is ended before another's output. Also torchrun's log-file layout and the
 return codes as torchrun prints them. The same code under real processes: tests/lib/test_output.py."""
@@ -11,12 +11,12 @@ import sys
 
 import pytest
 
-from monarch_spmd.payload import gang
+from monarch_spmd.payload import procgroup
 
 
 def prefixer():
     chunks: list[tuple[int, bytes]] = []
-    return gang.Prefixer(lambda which, data: chunks.append((which, data))), chunks
+    return procgroup.Prefixer(lambda which, data: chunks.append((which, data))), chunks
 
 
 def joined(chunks, which=1) -> bytes:
@@ -74,33 +74,33 @@ def test_crlf_and_unprefixed_sources():
 
 @pytest.mark.parametrize(("text", "value"), [("0", 0), ("3", 3), ("0:3,1:2", {0: 3, 1: 2}), (" 1 ", 1)])
 def test_torchruns_std_values(text, value):
-    assert gang.parse_std(text, "--tee") == value
+    assert procgroup.parse_std(text, "--tee") == value
 
 
 @pytest.mark.parametrize("text", ["4", "-1", "a", "0:4", "0:1,", ""])
 def test_bad_std_values_name_the_flag(text):
     with pytest.raises(ValueError, match="^--redirects: "):
-        gang.parse_std(text, "--redirects")
+        procgroup.parse_std(text, "--redirects")
 
 
 def test_log_files_are_laid_out_as_torchrun_lays_them_out(tmp_path):
     attempt = tmp_path / "run_x" / "attempt_2"
-    redirected = gang.log_files(str(attempt), 0, 3, 0)
+    redirected = procgroup.log_files(str(attempt), 0, 3, 0)
     assert redirected.stdout == str(attempt / "0" / "stdout.log") and redirected.stderr == str(attempt / "0" / "stderr.log")
     assert not redirected.console_out and not redirected.console_err
     assert redirected.error_file == str(attempt / "0" / "error.json")
-    teed = gang.log_files(str(attempt), 1, 0, {1: 1})
+    teed = procgroup.log_files(str(attempt), 1, 0, {1: 1})
     assert teed.stdout == str(attempt / "1" / "stdout.log") and teed.stderr is None
     assert teed.console_out and teed.console_err
-    nothing = gang.log_files(str(attempt), 2, {0: 3}, {1: 3})
+    nothing = procgroup.log_files(str(attempt), 2, {0: 3}, {1: 3})
     assert (nothing.stdout, nothing.stderr, nothing.console_out) == (None, None, True)
     assert sorted(os.listdir(attempt)) == ["0", "1", "2"]
 
 
 def test_return_codes_read_as_torchrun_prints_them():
-    assert gang.describe_returncode(-signal.SIGKILL) == "-9 (SIGKILL)"
-    assert gang.describe_returncode(3) == "3" and gang.describe_returncode(None) == "-"
-    assert gang.exit_code(-15) == 143 and gang.signal_name(0) is None
+    assert procgroup.describe_returncode(-signal.SIGKILL) == "-9 (SIGKILL)"
+    assert procgroup.describe_returncode(3) == "3" and procgroup.describe_returncode(None) == "-"
+    assert procgroup.exit_code(-15) == 143 and procgroup.signal_name(0) is None
 
 
 def test_a_failed_members_last_lines_are_read_before_its_failure_is_reported():
@@ -108,7 +108,7 @@ def test_a_failed_members_last_lines_are_read_before_its_failure_is_reported():
     from its pipes before on_failure runs, even when the exit is seen before the output."""
     seen: list[list[str]] = []
     program = "import sys; print('step 1'); print('ValueError: bad batch', file=sys.stderr); sys.exit(7)"
-    group = gang.Gang([gang.Member(0, [sys.executable, "-c", program], dict(os.environ))],
+    group = procgroup.ProcGroup([procgroup.ProcSpec(0, [sys.executable, "-c", program], dict(os.environ))],
                       lambda which, data: None, 1.0, on_failure=lambda proc: seen.append(list(proc.tail)))
     group.start()
     try:

@@ -1,25 +1,26 @@
-"""A gang of local processes that start together and stop together, with rank-prefixed output.
+"""A group of local processes that start together and stop together, with rank-prefixed output.
 
 Where it sits: in the payload (standard library only), below :mod:`.agent`. Two things are such
-a gang: the processes of one round in an agent (the procs of a pod, as torchrun's agent runs its
-local workers) and the workers of a job on a laptop (:mod:`monarch_spmd.runner` starts one
-worker per pod the operator would create).
+a group: the processes of one round in an agent (the procs of a pod, as torchrun's agent runs its
+local worker group) and the workers of a job on a laptop (:mod:`monarch_spmd.runner` starts one
+worker per pod the operator would create). (A *gang* is the pods of one attempt, and a *member*
+one place in it, throughout the project; a group is what runs on one host.)
 
 Behaviour, that of torchrun's local worker group:
 
-* every member starts at once, each leading its own process group (so a stop reaches what it
+* every process starts at once, each leading its own process group (so a stop reaches what it
   started too), with an optional pre-exec hook (the agent's: die with the agent);
 * output is copied as it arrives, partial lines and ``\\r`` included (a progress bar updates in
-  place), each line (and each ``\\r``-rewritten line) prefixed with the member's rank
-  (``[rank 3] ...``) by a :class:`Prefixer`, which ends a line left open by one member before
-  another member's output, so prefixes never land mid-line; a member whose output carries rank
+  place), each line (and each ``\\r``-rewritten line) prefixed with the process's rank
+  (``[rank 3] ...``) by a :class:`Prefixer`, which ends a line left open by one process before
+  another's output, so prefixes never land mid-line; a process whose output carries rank
   prefixes already (a PerHost worker) is passed through unprefixed;
-* optionally each member's stdout and stderr also (tee) or only (redirect) go to files, laid
+* optionally each process's stdout and stderr also (tee) or only (redirect) go to files, laid
   out as torchrun lays them out (:func:`log_files`);
-* :meth:`Gang.stop` sends a signal to every running member and SIGKILL to each process group
-  after the grace period; a member that exits after it was stopped is marked ``stopped``, so
-  it is never mistaken for a failure of its own;
-* each member remembers when it last wrote anything and its last lines, for the progress
+* :meth:`ProcGroup.stop` sends a signal to every running process and SIGKILL to each process
+  group after the grace period; a process that exits after it was stopped is marked
+  ``stopped``, so it is never mistaken for a failure of its own;
+* each process remembers when it last wrote anything and its last lines, for the progress
   timeout and for failure reports.
 """
 
@@ -42,7 +43,7 @@ Writer = Callable[[int, bytes], None]
 
 _PREFIX: Final = b"[rank %d] "
 _SEPARATORS: Final = re.compile(rb"(\r\n|\n|\r)")
-#: Lines of output each member keeps for its failure report.
+#: Lines of output each process keeps for its failure report.
 TAIL_LINES: Final = 20
 
 
@@ -94,7 +95,7 @@ def stream_writer(out: IO[Any], err: IO[Any]) -> Writer:
 class Prefixer:
     """Copies the output of several sources onto one writer, keeping rank prefixes at line starts.
 
-    Each source (a member, or this process's own lines) writes to stream 1 or 2. A source's text
+    Each source (a process of the group, or this process's own lines) writes to stream 1 or 2. A source's text
     is passed on as it arrives; the prefix goes before the first text of every line and after
     every ``\\r`` (a progress bar rewriting its line keeps its prefix). When a source writes while
     another source's line is still open on the same stream, a newline ends that line first, and
@@ -199,12 +200,12 @@ def std_of(setting: int | Mapping[int, int], local_rank: int) -> int:
 
 @dataclass(frozen=True)
 class LogFiles:
-    """Where one member's output goes besides (tee) or instead of (redirect) the console.
+    """Where one process's output goes besides (tee) or instead of (redirect) the console.
 
     Attributes:
         stdout, stderr: the file of each stream, or None (console only).
         console_out, console_err: whether each stream also reaches the console.
-        error_file: torchrun's TORCHELASTIC_ERROR_FILE for the member.
+        error_file: torchrun's TORCHELASTIC_ERROR_FILE for the process.
     """
 
     stdout: str | None = None
@@ -232,19 +233,19 @@ def log_files(attempt_dir: str, local_rank: int, redirects: int | Mapping[int, i
     )
 
 
-# --- the gang ------------------------------------------------------------------------------------
+# --- the group -----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Member:
-    """One process of a gang.
+class ProcSpec:
+    """One process of a group, before it starts.
 
     Attributes:
         rank: the global rank it is known by (the prefix of its lines, and in messages).
         command: its argv.
         env: its whole environment.
         prefix: prefix its lines with ``[rank N]`` (False: they carry rank prefixes already).
-        local_rank: its index among the gang's members on this host.
+        local_rank: its index among the group's processes on this host.
         logs: files its output also or only goes to (None: the console only).
     """
 
@@ -258,9 +259,9 @@ class Member:
 
 @dataclass(eq=False)
 class Proc:
-    """A started member: its process and what is known of it."""
+    """A started process: what it was started as, its process and what is known of it."""
 
-    member: Member
+    spec: ProcSpec
     popen: subprocess.Popen[bytes]
     started: float = field(default_factory=time.monotonic)
     last_output: float = field(default_factory=time.monotonic)
@@ -282,33 +283,33 @@ class Proc:
 
     def row(self) -> dict[str, Any]:
         """The process as a protocol row: rank, local rank, pid, exit code, return code, signal."""
-        return {"rank": self.member.rank, "local_rank": self.member.local_rank, "pid": self.pid,
+        return {"rank": self.spec.rank, "local_rank": self.spec.local_rank, "pid": self.pid,
                 "exit_code": self.code, "returncode": self.returncode, "signal": signal_name(self.returncode),
                 "stopped": self.stopped}
 
 
-class Gang:
-    """The members of one attempt: their processes, their output and their stopping.
+class ProcGroup:
+    """The processes of one round on this host: their start, their output and their stopping.
 
     Args:
-        members: what to start.
-        write: where the members' (prefixed) output goes, or a :class:`Prefixer` shared with
+        specs: what to start.
+        write: where the processes' (prefixed) output goes, or a :class:`Prefixer` shared with
             this process's own lines.
-        grace: seconds between the stop signal and SIGKILL when stopping members.
-        on_failure: called once with the first member to exit non-zero without being stopped.
+        grace: seconds between the stop signal and SIGKILL when stopping.
+        on_failure: called once with the first process to exit non-zero without being stopped.
         preexec: a hook run in each child before exec (e.g. to die with this process).
-        stop_on_failure: stop the others when a member fails (torchrun's local worker group); the
+        stop_on_failure: stop the others when one fails (torchrun's local worker group); the
             local runner's workers decide that themselves.
         selector: a selector to share with other sources (the agent's connection, the watchdog's
-            pipe): a key whose data is callable is called when ready. The gang unregisters its
+            pipe): a key whose data is callable is called when ready. The group unregisters its
             pipes when done and leaves a shared selector open.
     """
 
-    def __init__(self, members: Sequence[Member], write: Writer | Prefixer, grace: float,
+    def __init__(self, specs: Sequence[ProcSpec], write: Writer | Prefixer, grace: float,
                  on_failure: Callable[[Proc], None] | None = None,
                  preexec: Callable[[], None] | None = None,
                  selector: selectors.BaseSelector | None = None, stop_on_failure: bool = True) -> None:
-        self.members = list(members)
+        self.specs = list(specs)
         self.out = write if isinstance(write, Prefixer) else Prefixer(write)
         self.grace = grace
         self.on_failure = on_failure
@@ -325,26 +326,26 @@ class Gang:
         self.finished = False
 
     def start(self, between: Callable[[], None] | None = None) -> None:
-        """Starts every member at once, each in its own process group (``between`` is called after
+        """Starts every process at once, each in its own process group (``between`` is called after
         each start: the agent's heartbeat)."""
-        for member in self.members:
-            self.procs.append(self._spawn(member))
+        for spec in self.specs:
+            self.procs.append(self._spawn(spec))
             if between is not None:
                 between()
 
-    def _spawn(self, member: Member) -> Proc:
+    def _spawn(self, spec: ProcSpec) -> Proc:
         popen = subprocess.Popen(
-            list(member.command),
-            env=dict(member.env),
+            list(spec.command),
+            env=dict(spec.env),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
             preexec_fn=self.preexec,
         )
-        proc = Proc(member, popen)
-        if member.logs is not None:
-            for which, path in ((1, member.logs.stdout), (2, member.logs.stderr)):
+        proc = Proc(spec, popen)
+        if spec.logs is not None:
+            for which, path in ((1, spec.logs.stdout), (2, spec.logs.stderr)):
                 if path:
                     proc.files[which] = open(path, "ab")  # noqa: SIM115 (closed when the stream ends)
         for which, pipe in ((1, popen.stdout), (2, popen.stderr)):
@@ -369,13 +370,13 @@ class Gang:
             os.close(proc.pidfd)
             proc.pidfd = None
 
-    def respawn(self, index: int, member: Member) -> Proc:
-        """Starts ``member`` in place of the exited process ``index`` (a replaced worker)."""
+    def respawn(self, index: int, spec: ProcSpec) -> Proc:
+        """Starts ``spec`` in place of the exited process ``index`` (a replaced worker)."""
         old = self.procs[index]
         if old.code is None:
-            raise ValueError(f"process {index} (rank {old.member.rank}) is still running")
-        self.members[index] = member
-        self.procs[index] = self._spawn(member)
+            raise ValueError(f"process {index} (rank {old.spec.rank}) is still running")
+        self.specs[index] = spec
+        self.procs[index] = self._spawn(spec)
         return self.procs[index]
 
     @property
@@ -386,14 +387,14 @@ class Gang:
 
     def _emit(self, proc: Proc, which: int, data: bytes) -> None:
         proc.last_output = time.monotonic()
-        member = proc.member
+        spec = proc.spec
         file = proc.files.get(which)
         if file is not None:
             file.write(data)
             file.flush()
-        console = member.logs is None or (member.logs.console_out if which == 1 else member.logs.console_err)
+        console = spec.logs is None or (spec.logs.console_out if which == 1 else spec.logs.console_err)
         if console:
-            self.out.feed(proc, which, data, _PREFIX % member.rank if member.prefix else b"")
+            self.out.feed(proc, which, data, _PREFIX % spec.rank if spec.prefix else b"")
         lines = (proc.line_buffer.get(which, b"") + data).replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
         proc.line_buffer[which] = lines.pop()[-4096:]
         for line in lines:
@@ -480,7 +481,7 @@ class Gang:
                     self.stop()
 
     def stop(self, signum: int = signal.SIGTERM) -> None:
-        """Sends ``signum`` to every running member (marking it stopped); SIGKILL to each process
+        """Sends ``signum`` to every running process (marking it stopped); SIGKILL to each process
         group follows after the grace period."""
         if self.stop_deadline is None:
             self.stop_deadline = time.monotonic() + self.grace
@@ -499,7 +500,7 @@ class Gang:
             self.stop_deadline = min(self.stop_deadline, time.monotonic() + grace)
 
     def kill(self, proc: Proc, reason: str, message: str) -> None:
-        """Kills one member's whole process group at once (a hung rank), recording why: its exit
+        """Kills one process's whole process group at once (a hung rank), recording why: its exit
         will be a failure with this reason."""
         proc.reason, proc.message = reason, message
         try:
@@ -508,7 +509,7 @@ class Gang:
             pass
 
     def kill_groups(self) -> None:
-        """SIGKILL to every member's process group: nothing started by the gang survives it."""
+        """SIGKILL to every process's group: nothing started by the group survives it."""
         for proc in self.procs:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -516,7 +517,7 @@ class Gang:
                 pass
 
     def step(self, timeout: float = 0.1) -> bool:
-        """One turn of the loop; False once every member has exited."""
+        """One turn of the loop; False once every process has exited."""
         self.pump(timeout)
         self.reap()
         if self.stop_deadline is not None and time.monotonic() >= self.stop_deadline and self.running():
@@ -526,7 +527,7 @@ class Gang:
         return bool(self.running())
 
     def finish(self) -> None:
-        """Kills leftovers, reaps every member and drains the rest of the output (once)."""
+        """Kills leftovers, reaps every process and drains the rest of the output (once)."""
         if self.finished:
             return
         self.finished = True
