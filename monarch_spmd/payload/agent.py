@@ -120,6 +120,9 @@ class Settings:
     connect_timeout: float = 300.0
     prefix: bool = False
     node: str = ""
+    #: This agent's pod (POD_NAME): the hello names it, so the coordinator's events say which pod
+    #: of a member they are about (one created in its place may be running already).
+    pod: str = ""
     log_dir: str | None = None
     redirects: int | Mapping[int, int] = 0
     tee: int | Mapping[int, int] = 0
@@ -308,7 +311,7 @@ class Agent:
                         "role": rendezvous.ROLE_MEMBER, "token": self.s.token,
                         "member": self.s.member, "incarnation": self.incarnation,
                         "round": self.s.first_round, "disruptions": self.s.policy.disruptions,
-                        "node": self.s.node, "pid": os.getpid(), "procs": self.s.procs,
+                        "node": self.s.node, "pod": self.s.pod, "pid": os.getpid(), "procs": self.s.procs,
                         "first_rank": self.s.first_rank,
                         **({"spare": self.s.spare} if self.s.spare is not None else {})})
         return self._serve()

@@ -65,6 +65,8 @@ class Coordinator(History, Fencing, Takeovers, Elastic, Capturing):
         self.count = Count(self.policy, disruptions=self.policy.disruptions)
         self.incarnations: dict[int, str] = {}
         self.nodes: dict[int, str] = {}
+        #: Each member's pod, as its agent's hello named it ("": not named).
+        self.pods: dict[int, str] = {}
         self.seen: set[int] = set()
         self.replacements: set[int] = set()
         self.joined: set[int] = set()
@@ -114,9 +116,9 @@ class Coordinator(History, Fencing, Takeovers, Elastic, Capturing):
         return self.live() & self.round_members
 
     def hello(self, member: int, incarnation: str, now: float, *, disruptions: int = 0,
-              node: str = "", spare: int | None = None) -> list[Out]:
-        """A member's agent connected (a new incarnation supersedes an older one); ``spare``: the
-        hot spare it was (see :meth:`admits`)."""
+              node: str = "", pod: str = "", spare: int | None = None) -> list[Out]:
+        """A member's agent connected (a new incarnation supersedes an older one), on ``node`` in
+        ``pod``; ``spare``: the hot spare it was (see :meth:`admits`)."""
         self._clock(now)
         out: list[Out] = []
         self._arrived(member, incarnation, spare)
@@ -131,6 +133,7 @@ class Coordinator(History, Fencing, Takeovers, Elastic, Capturing):
         self.seen.add(member)
         self.incarnations[member] = incarnation
         self.nodes[member] = cut(node, MAX_NAME)
+        self.pods[member] = cut(pod, MAX_NAME)
         # A member's count of disruptions is never more than the rounds there were (a larger one
         # would stop restarts from counting against maxRestarts).
         self.disruptions = max(self.disruptions, min(max(0, disruptions), self.round))
@@ -260,10 +263,12 @@ class Coordinator(History, Fencing, Takeovers, Elastic, Capturing):
         incarnation = self.incarnations.pop(member)
         self.idle.pop(member, None)
         self.departing[(member, incarnation)] = now + self._fence(reason)
-        out = [self._event(EV_LOST, member=member, reason=reason, node=self.nodes.get(member, ""))]
+        out = [self._event(EV_LOST, member=member, reason=reason, node=self.nodes.get(member, ""),
+                           pod=self.pods.get(member, ""))]
         if reason in (LOST_DISCONNECTED, LOST_HEARTBEAT) and member != 0:
             self.member_silent_at = now
-        takeover = self._take_over(member)
+        # A member superseded has its new incarnation: no spare takes its place.
+        takeover = [] if reason == LOST_SUPERSEDED else self._take_over(member)
         out.extend(takeover)
         gone = f"member {member}'s agent is gone ({reason})"
         if takeover:

@@ -109,24 +109,18 @@ class Hub:
             return
         peer.heard = now
         try:
-            messages = peer.lines.feed(data)
-        except rendezvous.ProtocolError as e:
-            self.refuse(peer, str(e), now)
-            return
-        for message in messages:
-            if not peer.open:
-                return
-            try:
+            for message in peer.lines.messages(data):
                 self.handle(peer, message, now)
-            except rendezvous.ProtocolError as e:
-                # A bad message closes its own connection and nothing else (a member's closing is
-                # that member lost, as a broken connection is).
-                if peer.role == rendezvous.ROLE_MEMBER:
-                    self.send(peer, rendezvous.encode({"type": rendezvous.REFUSED, "reason": str(e)}))
-                    self.broken(peer, rendezvous.LOST_DISCONNECTED, now)
-                else:
-                    self.refuse(peer, str(e), now)
-                return
+                if not peer.open:
+                    return
+        except rendezvous.ProtocolError as e:
+            # A bad line or message closes its own connection and nothing else: a member's closing
+            # is that member lost, as a broken connection is; one that left has ended.
+            if peer.role in (rendezvous.ROLE_MEMBER, DEPARTING):
+                self.send(peer, rendezvous.encode({"type": rendezvous.REFUSED, "reason": str(e)}))
+                self.broken(peer, rendezvous.LOST_DISCONNECTED, now)
+            else:
+                self.refuse(peer, str(e), now)
 
     def awake(self, now: float) -> None:
         """The transport's loop turned (call it first in each turn, before what it read): a turn
@@ -260,10 +254,12 @@ class Hub:
         if refused is not None:
             raise rendezvous.ProtocolError(refused)
         old = self.by_member.get(member)
+        if old is not None and old.incarnation == hello["incarnation"]:
+            self.close(old, now)  # the same agent once more: one connection per member, the newest
         peer.role, peer.member = role, member
         self.by_member[member] = peer
         self._superseding(old, peer, m.hello(member, hello["incarnation"], now, disruptions=hello["disruptions"],
-                                             node=hello["node"], spare=hello["spare"]), now)
+                                             node=hello["node"], pod=hello["pod"], spare=hello["spare"]), now)
 
     def _superseding(self, old: Peer | None, peer: Peer, outs: Sequence[rendezvous.Out], now: float) -> None:
         """A hello's answers; one that drops (a new incarnation supersedes ``old``) is sent to the

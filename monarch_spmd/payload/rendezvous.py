@@ -23,7 +23,7 @@ import hmac
 import json
 import math
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -261,7 +261,11 @@ def _number(message: Mapping[str, Any], key: str) -> float | None:
     value = message.get(key)
     if value is None:
         return None
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+    try:  # an integer too large for a float is no number either
+        good = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    except OverflowError:
+        good = False
+    if not good:
         raise ProtocolError(f"{message.get('type')}.{key}: {str(value)[:40]!r} is not valid; expected a "
                             "non-negative number or null")
     return float(value)
@@ -331,6 +335,7 @@ def check_hello(message: Mapping[str, Any], members: int) -> dict[str, Any]:
                    incarnation=_str(message, "incarnation", 64) or "",
                    disruptions=_int(message, "disruptions", 0, MAX_INT, optional=True) or 0,
                    node=_str(message, "node", MAX_NAME) or "",
+                   pod=_str(message, "pod", MAX_NAME) or "",
                    spare=_int(message, "spare", 0, MAX_SPARE_INDEX, optional=True))
     elif role == ROLE_SPARE:
         out.update(spare=_int(message, "spare", 0, MAX_SPARE_INDEX), incarnation=_str(message, "incarnation", 64) or "",
@@ -399,16 +404,19 @@ class LineBuffer:
         self.partial = b""
 
     def feed(self, data: bytes) -> list[dict[str, Any]]:
-        """The messages completed by ``data``.
+        """The messages completed by ``data`` (see :meth:`messages`)."""
+        return list(self.messages(data))
+
+    def messages(self, data: bytes) -> Iterator[dict[str, Any]]:
+        """The messages completed by ``data``, one at a time: each line is held to the limit as it
+        comes, so a limit a message changes (a hello raises it) holds for the lines after it, and
+        the messages before a bad line are had before its error.
 
         Raises:
             ProtocolError: for a line that is not a JSON object with a string ``type``, or one
                 longer than the limit.
         """
         *lines, self.partial = (self.partial + data).split(b"\n")
-        if len(self.partial) > self.limit:
-            raise ProtocolError(f"a line longer than {self.limit} bytes")
-        out = []
         for line in lines:
             if len(line) > self.limit:
                 raise ProtocolError(f"a line longer than {self.limit} bytes")
@@ -420,8 +428,9 @@ class LineBuffer:
                 raise ProtocolError(f"not JSON: {line[:80]!r} ({e})") from None
             if not isinstance(message, dict) or not isinstance(message.get("type"), str):
                 raise ProtocolError(f"not a message (an object with a string type): {line[:80]!r}")
-            out.append(message)
-        return out
+            yield message
+        if len(self.partial) > self.limit:
+            raise ProtocolError(f"a line longer than {self.limit} bytes")
 
 
 #: Where an output goes: a member id, every member with a live connection, or the observers.

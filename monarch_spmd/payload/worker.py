@@ -825,6 +825,7 @@ def agent_settings(inputs: WorkerInputs, base: Mapping[str, str]) -> agent.Setti
         connect_timeout=inputs.rendezvous_timeout,
         prefix=inputs.pod_layout == PER_HOST,
         node=base.get("NODE_NAME") or socket.gethostname(),
+        pod=base.get("POD_NAME") or "",
         log_dir=inputs.log_dir,
         redirects=inputs.redirects,
         tee=inputs.tee,

@@ -127,6 +127,7 @@ class Worker(Proc):
                     "role": rendezvous.ROLE_MEMBER, "token": self.settings.token, "member": self.settings.member,
                     "incarnation": self.incarnation, "round": self.settings.first_round,
                     "disruptions": self.settings.policy.disruptions, "node": self.settings.node,
+                    "pod": self.settings.pod,
                     "procs": self.settings.procs, "first_rank": self.settings.first_rank,
                     **({"spare": self.settings.spare} if self.settings.spare is not None else {})})
         self.later(rendezvous.HEARTBEAT_INTERVAL, self._beat, conn)

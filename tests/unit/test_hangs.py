@@ -16,7 +16,7 @@ from .test_stacks import ALL_REDUCE, SLEEP
 
 
 def _capture(ranks: list[int], fallback: int) -> hangs.Capture:
-    procs = [SimpleNamespace(member=SimpleNamespace(rank=r)) for r in ranks]
+    procs = [SimpleNamespace(spec=SimpleNamespace(rank=r)) for r in ranks]
     named = {r: p for r, p in zip(ranks, procs)}
     return hangs.Capture("NoProgress", named[fallback], "went silent first",
                          lambda p: f"rank {p.spec.rank} wrote nothing for 10s (progress timeout 10s)",

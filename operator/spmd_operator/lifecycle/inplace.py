@@ -234,7 +234,7 @@ def _failure(p: Pass, event: Mapping[str, Any]) -> Failure:
     if took is not None:
         return _taken_over(p, member, event, took)
     if event.get("reason") == REASON_MEMBER_LOST and pod is not None and _alive(pod):
-        silent = silent_loss(p, member)
+        silent = silent_loss(p, member, pod)
         if silent is not None and not _newer(pod, silent):
             return _node_lost(p, member, pod, str(silent.get("reason")))
     if event.get("reason") == REASON_MEMBER_LOST:
@@ -296,7 +296,7 @@ def _taken_over(p: Pass, member: int, event: Mapping[str, Any], took: Mapping[st
     spare_pod = names.spare_pod_name(p.o.job, p.gang, spare) if spare is not None else "a spare"
     lost = member_before_takeover(p, member, took)
     name = lost.name if lost is not None else names.pod_name(p.o.job, p.gang, member)
-    silent = (event.get("reason") == REASON_MEMBER_LOST and silent_loss(p, member) is not None
+    silent = (event.get("reason") == REASON_MEMBER_LOST and silent_loss(p, member, lost) is not None
               and (lost is None or alive(lost)))
     reason = REASON_NODE_LOST if silent else REASON_MEMBER_LOST
     if silent and lost is not None and lost.node:
@@ -346,13 +346,22 @@ def back_since(v: CoordinatorView, lost: Mapping[str, Any]) -> bool:
     return False
 
 
-def silent_loss(p: Pass, member: int) -> Mapping[str, Any] | None:
-    """The coordinator's newest ``lost`` event of ``member`` whose agent fell silent and that has
-    not run again since, if any."""
+def of_pod(event: Mapping[str, Any], pod: PodInfo | None) -> bool:
+    """Whether a coordinator's event about a member is about ``pod``: it names that pod, or none
+    (an agent's hello names its pod; a pod created in its place may run already when the loss of
+    the one before it is heard)."""
+    named = event.get("pod")
+    return not named or pod is None or named == pod.name
+
+
+def silent_loss(p: Pass, member: int, pod: PodInfo | None = None) -> Mapping[str, Any] | None:
+    """The coordinator's newest ``lost`` event of ``member`` (of its pod ``pod``, when given) whose
+    agent fell silent and that has not run again since, if any."""
     v = view(p)
     if v is None:
         return None
-    found = [e for e in v.lost if _int(e.get("member")) == member and e.get("reason") in SILENT_LOSSES]
+    found = [e for e in v.lost if _int(e.get("member")) == member and e.get("reason") in SILENT_LOSSES
+             and of_pod(e, pod)]
     return found[-1] if found and not back_since(v, found[-1]) else None
 
 
@@ -394,6 +403,8 @@ def node_losses(p: Pass) -> tuple[list[Failure], float]:
             continue
         if pod.joins is not None and pod.joins > (_int(event.get("round"), 0) or 0):
             continue  # a replacement created after that loss
+        if not of_pod(event, pod):
+            continue  # the loss of a pod of the member before this one
         if v is not None and back_since(v, event):
             continue  # the member ran again since (a replacement, or the spare in its place)
         if _newer(pod, event):

@@ -60,8 +60,8 @@ def tend(p: Pass) -> None:
     waiting = {s.spare: s for s in o.spares if s.restart == gang and s.spare is not None and not s.deleting}
     used = set(waiting)
     for member, event in taken.items():
-        silent = inplace.silent_loss(p, member)
         lost = inplace.member_before_takeover(p, member, event)
+        silent = inplace.silent_loss(p, member, lost)
         if (silent is not None and silent.get("node") and v is not None and inplace.recent(v, event)
                 and lost is not None and inplace.alive(lost)):
             # Its agent fell silent while its pod still shows Running (not deleted: a drain's

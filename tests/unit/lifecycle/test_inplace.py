@@ -479,6 +479,27 @@ def test_a_member_whose_agent_fell_silent_while_its_pod_runs_was_lost_with_its_n
     assert all("not counted against maxRestarts" in m for m in warnings), warnings
 
 
+def test_the_silent_loss_of_an_earlier_pod_of_a_member_is_not_its_replacements_node_lost():
+    """The agent's hello names its pod, and so does the coordinator's ``lost``: a pod of member 2
+    deleted while the coordinator's node was cut off is heard lost by silence only once the cut
+    heals, when its replacement runs already. That replacement's node is not lost (taking it for
+    lost would create the next gang while the replacement's ranks still run)."""
+    st = status("Running")
+    lost = restart_event(rank=None, member=2, code=None, reason="MemberLost", tail=[],
+                         message="member 2's agent is gone (Disconnected)", received=T - 6)
+    earlier = dict(_silent(), pod=pod_name(2))
+    replacement = dataclasses.replace(pod(2), name=names.pod_name(JOB, 0, 2, 1), replacement=1)
+    pods = [p for p in gang("Running") if p.rank != 2] + [replacement]
+    coordinator = dataclasses.replace(view(round_=1, phase="joining", restarts=[lost]), lost=(earlier,))
+    plan = run(s=spec(restartPolicy={"maxRestarts": 0}), st=st, pods=pods, coordinator=coordinator)
+    new = apply(st, plan)
+    assert new.get("failure", {}).get("reason") != "NodeLost" and "lostNodes" not in new, new
+    assert not plan.delete_pods, "the gang is not recreated for another pod's silence"
+    named = dataclasses.replace(coordinator, lost=(dict(earlier, pod=replacement.name),))
+    plan = run(s=spec(restartPolicy={"maxRestarts": 0}), st=st, pods=pods, coordinator=named)
+    assert apply(st, plan)["failure"]["reason"] == "NodeLost", "the replacement's own silence is its node's loss"
+
+
 def test_a_member_that_said_why_it_went_is_not_a_node_loss():
     st = status("Running")
     lost = restart_event(rank=None, member=2, code=None, reason="MemberLost", tail=[],
