@@ -1,0 +1,131 @@
+"""Each defect of failure handling, kept as its minimal schedule: the schedule holds every
+invariant now, and with the defect put back (the old rule, as a mutation of the product) it
+breaks the invariant it once broke. The schedules are the simulation's own finds, shrunk by
+Hypothesis (or, for a long run's find, by dropping faults while the defect still shows).
+
+Replay one with ``python -m tests.sim --replay '<json>'`` to read its log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from monarch_spmd.payload import fence
+from spmd_operator.lifecycle import inplace
+
+from .core import Violation
+from .sim import run
+from .test_mutations import MUTATIONS
+
+
+def _base(**fields: Any) -> dict[str, Any]:
+    return {"seed": 0, "pods": 2, "procs": 1, "spares": 0, "min": None, "elastic_wait": None, "max_restarts": 0,
+            "grace": 2, "backoff": 1, "train": 30.0, "extra_nodes": 1, "capacity": 1, "stubborn": 0.0,
+            "faults": [], **fields}
+
+
+def _mutation(name: str) -> Callable[[pytest.MonkeyPatch], None]:
+    return MUTATIONS[name][1]
+
+
+@dataclass(frozen=True)
+class Regression:
+    defect: str
+    fix: str
+    schedule: dict[str, Any]
+    broke: str
+    old_rule: Callable[[pytest.MonkeyPatch], None]
+
+
+DRAIN = [{"t": 5.0, "kind": "drain"}]
+
+REGRESSIONS: dict[str, Regression] = {r.defect: r for r in (
+    Regression(
+        "a lost member's peers are blamed",
+        "the root cause is the earliest failure more than CONSEQUENCE_SECONDS before the round's first "
+        "disruption; losses are dated by the member's leave or when it was last heard (counting.root_cause)",
+        _base(seed=200, procs=2, spares=1, faults=DRAIN),
+        "invariant 2", _mutation("losses sort after every failure")),
+    Regression(
+        "a pod deleted counts against maxRestarts",
+        "PodDeleted and PodMissing are disruptions (failures.DISRUPTION_REASONS); only a member's own "
+        "container failing is charged (lifecycle.inplace.charged)",
+        _base(min=1, elastic_wait=1, faults=[{"t": 5.0, "kind": "delete", "target": 0}]),
+        "invariant 2", _mutation("a pod deleted is the program's failure")),
+    Regression(
+        "the next round starts while a departed member's ranks still run",
+        "go waits until each lost member's agent ended or its fence passed (fence.Fencing._fenced)",
+        _base(grace=5, min=1, elastic_wait=1, stubborn=0.3, faults=DRAIN),
+        "invariant 3", _mutation("no wait for a departed member")),
+    Regression(
+        "a member that left is given no time to end",
+        "a member that said leave may run until its pod's grace and LEAVE_MARGIN, unless its agent ends "
+        "first (fence.Fencing._fence)",
+        _base(grace=5, min=1, elastic_wait=1, stubborn=0.3, faults=DRAIN),
+        "invariant 3",
+        lambda mp: mp.setattr(fence.Fencing, "_fence", lambda self, reason: fence.FENCE_SECONDS)),
+    Regression(
+        "fencing is SIGTERM plus the stop grace",
+        "an agent cut off from its coordinator ends its ranks within FENCE_GRACE (1 s), whatever its grace",
+        _base(grace=30, stubborn=0.3, faults=[{"t": 5.0, "kind": "freeze", "target": 0, "duration": 8.1}]),
+        "invariant 3", _mutation("the fence is the stop grace")),
+    Regression(
+        "a coordinator back from a stall stops its round with the stop grace",
+        "a round stopped within STALL_WINDOW of a stall, or out of the operator's sight, is stopped with "
+        "the fence (fence.Fencing.unseen)",
+        _base(procs=2, grace=5, stubborn=0.3, faults=[{"t": 5.0, "kind": "freeze", "target": 0, "duration": 10.6}]),
+        "invariant 3", lambda mp: mp.setattr(fence.Fencing, "unseen", lambda self: False)),
+    Regression(
+        "a coordinator gives its gang up after any stall of its own",
+        "only a stall of STALL_GIVE_UP (the node controller's 40 s) gives the gang up",
+        _base(faults=[{"t": 5.0, "kind": "freeze", "target": 0, "duration": 2.8}]),
+        "invariant 4", _mutation("any stall gives the gang up")),
+    Regression(
+        "a spare lost between its assign and its hello strands the place until the join timeout",
+        "the place is free again ASSIGN_SECONDS after it was given (takeover.Takeovers._assignments)",
+        _base(seed=1, pods=4, spares=1, faults=DRAIN),
+        "invariant 5", _mutation("a spare's place waits forever")),
+    Regression(
+        "a coordinator that lost a member by silence never starts a round again",
+        "isolation ends when an observer's heartbeat is heard again (fence.Fencing.isolated)",
+        _base(spares=1, faults=[*DRAIN, {"t": 5.0, "kind": "partition", "target": 0, "duration": 8.3}]),
+        "invariant 5", _mutation("isolated for good")),
+    Regression(
+        "a frozen node's pod holds the next gang for its grace period",
+        "nodes judged lost are remembered (status.lostNodes) and their pods block nothing; a deleted pod "
+        "still Running stop grace + 10 s later marks its node lost (lifecycle.inplace.overdue)",
+        _base(faults=[{"t": 5.0, "kind": "delete", "target": 0}, {"t": 5.0, "kind": "freeze", "target": 0}]),
+        "invariant 5", _mutation("lost nodes forgotten")),
+    Regression(
+        "a spare that crashes on every start is replaced about once a second",
+        "crashed spares back off (10 s doubling to 300 s) and are deleted (lifecycle.spares)",
+        _base(spares=2, faults=[{"t": 0.1, "kind": "spares_crash", "target": 0, "duration": 19.0}]),
+        "invariant 7", _mutation("no back-off for spares")),
+    Regression(
+        "the silence of a member's earlier pod is taken for its running replacement's node lost",
+        "the hello names the pod and so does the coordinator's lost event; the operator judges a silent "
+        "loss only against the pod it names (lifecycle.inplace.of_pod)",
+        _base(seed=17081, pods=4, procs=2, grace=5, stubborn=0.3, faults=[
+            {"t": 5.0, "kind": "partition", "target": 0, "duration": 8.5}, {"t": 5.0, "kind": "delete", "target": 2},
+            {"t": 11.1, "kind": "delete", "target": 3}, {"t": 25.0, "kind": "delete", "target": 0}]),
+        "invariant 3", lambda mp: mp.setattr(inplace, "of_pod", lambda event, pod: True)),
+)}
+
+
+@pytest.mark.parametrize("defect", list(REGRESSIONS))
+def test_the_minimal_schedule_of_each_defect_holds_every_invariant(defect: str) -> None:
+    run(REGRESSIONS[defect].schedule)
+
+
+@pytest.mark.parametrize("defect", list(REGRESSIONS))
+def test_the_minimal_schedule_of_each_defect_breaks_its_invariant_under_the_old_rule(
+        defect: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    regression = REGRESSIONS[defect]
+    regression.old_rule(monkeypatch)
+    with pytest.raises(Violation) as e:
+        run(regression.schedule)
+    assert str(e.value).startswith(regression.broke), str(e.value)[:300]
