@@ -146,9 +146,12 @@ in_daemon() {
 save() {  # the daemon's image -> its tar, replacing older tars of the same image
   local name="$1" tar
   tar="$(tar_of "$name")"
+  # The older tars go first: the worker's is 6 GB, and two of it side by side filled the disk
+  # of a machine whose other caches were warm. The daemon holds the image until the new tar is.
+  find "$OUT" -maxdepth 1 \( -name "$name-????????????????.tar" -o -name "$name-*.tar.tmp" \) \
+    ! -name "$(basename "$tar")" -delete
   "$DOCKER" save -o "$tar.tmp" "${REF[$name]}"
   mv "$tar.tmp" "$tar"
-  find "$OUT" -maxdepth 1 -name "$name-????????????????.tar" ! -name "$(basename "$tar")" -delete
 }
 build() {
   local name="$1" began tar
