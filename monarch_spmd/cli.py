@@ -350,7 +350,21 @@ def shm_default(memory: str | None) -> str:
     return half
 
 
+def with_spares(body: dict[str, Any], spares: int) -> dict[str, Any]:
+    """``manifest``'s spec with ``spares: N`` after its restartPolicy (whose in-place mode the
+    spares need, and which the manifest always writes), where a reader looks for it."""
+    out: dict[str, Any] = {}
+    for key, value in body.items():
+        out[key] = value
+        if key == "restartPolicy":
+            out["spares"] = spares
+    out.setdefault("spares", spares)
+    return out
+
+
 def _manifest_parser() -> argparse.ArgumentParser:
+    from . import spec
+
     p = argparse.ArgumentParser(
         prog="monarch-spmd manifest",
         description="Print the SPMDJob that runs a torchrun command line on Kubernetes (kubectl apply -f -): "
@@ -358,7 +372,7 @@ def _manifest_parser() -> argparse.ArgumentParser:
         "its procs as torchrun's agent does. The torchrun command line follows '--', with or without the "
         "word torchrun (or python -m torch.distributed.run). Notes on ignored flags go to stderr.",
         usage="monarch-spmd manifest --image IMAGE (--gpus-per-proc N | --nproc-per-node gpu [--node-gpus N]) "
-        "[--cpu CPU] [--memory SIZE] [--shm-size SIZE] [--name NAME] [--namespace NS] [--pods] "
+        "[--cpu CPU] [--memory SIZE] [--shm-size SIZE] [--spares N] [--name NAME] [--namespace NS] [--pods] "
         "-- [torchrun] [torchrun's flags] (SCRIPT | -m MODULE) ARGS...",
         epilog="The GPU choice is explicit: --gpus-per-proc 1 gives every proc a GPU (a node's pod holds "
         "--nproc-per-node of them), --gpus-per-proc 0 runs on CPUs only; --nproc-per-node gpu means one proc "
@@ -380,9 +394,12 @@ def _manifest_parser() -> argparse.ArgumentParser:
                    "(default: none)")
     p.add_argument("--shm-size", metavar="SIZE", help=f"spec.shmSize, the size of /dev/shm, 1Mi..1Ti (default: half "
                    f"of --memory within that range, else {DEFAULT_SHM_SIZE})")
+    p.add_argument("--spares", metavar="N", help=f"spec.spares: hot spare pods, 0..{spec.MAX_SPARES}, created with the "
+                   "nodes' pods and like them (the same resources and GPUs), each ready to take a lost node's place "
+                   "(not rank 0's) at once; needs --nnodes 2 or more (default: 0)")
     p.add_argument("--pods", action="store_true", help="print the pods the operator creates for the SPMDJob "
-                   "instead (built by its own pod builder; each with its procs' torchrun variables), as "
-                   "monarch-spmd pods -f job.yaml does")
+                   "instead (built by its own pod builder; each with its procs' torchrun variables; hot spares "
+                   "too), as monarch-spmd pods -f job.yaml does")
     flags = p.add_argument_group("torchrun's flags", "may also come after '--' (see monarch-spmd run --help)")
     torchrun.add_arguments(flags)
     p.add_argument("script", nargs="?", metavar="SCRIPT", help="the training script (with -m, a module)")
@@ -439,6 +456,9 @@ def manifest_main(argv: Sequence[str]) -> int:
             if size is None or not quantity.parse(spec.SHM_SIZE_MIN) <= size <= quantity.parse(spec.SHM_SIZE_MAX):
                 raise ValueError(f"--shm-size: {opts.shm_size!r} is not valid; expected a memory quantity from "
                                  f"{spec.SHM_SIZE_MIN} to {spec.SHM_SIZE_MAX} (spec.shmSize)")
+        spares = 0
+        if opts.spares is not None:
+            spares = torchrun.int_flag("--spares", opts.spares, 0, spec.MAX_SPARES, " (spec.spares)")
         node_gpus = None
         if opts.node_gpus is not None:
             node_gpus = torchrun.int_flag("--node-gpus", opts.node_gpus, 1, contract.MAX_PROCS)
@@ -467,9 +487,14 @@ def manifest_main(argv: Sequence[str]) -> int:
         if not spec.IMAGE_REFERENCE.matches(opts.image) or len(opts.image) > spec.MAX_IMAGE_LENGTH:
             raise ValueError(f"--image: {opts.image!r} is not valid; an image reference is printable ASCII "
                              f"without spaces, e.g. {EXAMPLE_IMAGE}")
+        if spares and plan.mesh[0][1] < 2:
+            raise ValueError(f"--spares: {spares} is not allowed with one node: a hot spare takes the place of a lost "
+                             "node's pod other than rank 0's; give --nnodes 2 or more, or no --spares")
         shm_size = opts.shm_size or shm_default(opts.memory)
         doc = torchrun.manifest(plan, name=name, image=opts.image, namespace=opts.namespace,
                                 gpus_per_proc=gpus_per_proc, cpu=opts.cpu, memory=opts.memory, shm_size=shm_size)
+        if spares:
+            doc["spec"] = with_spares(doc["spec"], spares)
         _, errors = spec.check_manifest(doc, require_image=True)
         if errors:  # every input was checked above: this would be a bug here, said plainly
             raise ValueError("the SPMDJob would be refused: " + "; ".join(str(e) for e in errors))

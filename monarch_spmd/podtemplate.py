@@ -24,7 +24,10 @@ structural schema follows (as controller-gen applies them to Go types):
 - ``required`` is kept; a default is kept where Kubernetes declares one (``protocol: TCP``), not
   the zero value ``""``/``0``/``{}`` its generator writes on every field it cannot omit;
 - formats, unions and patch strategies are dropped (the pod's own validation checks them when the
-  pod is created), and descriptions are shortened to their first sentence (the CRD's size).
+  pod is created), and descriptions are shortened to their first sentence (the CRD's size);
+- a string field whose Go type is an enum gets its values (:data:`ENUMS`): the OpenAPI document
+  carries none, so without them ``operator: Exist`` under a toleration would pass ``kubectl
+  apply`` and fail the job when its first pod is created.
 
 :func:`with_template` lays the SPMDJob table's own declarations of the template
 (:data:`monarch_spmd.spec.TEMPLATE`: descriptions, bounds and CEL rules of the trainer
@@ -65,6 +68,82 @@ _INT_OR_STRING: Final = "io.k8s.apimachinery.pkg.util.intstr.IntOrString"
 MAX_DESCRIPTION: Final = 160
 #: The end of a sentence: a full stop before a space and a capital (or the end), not in "e.g. X".
 _SENTENCE_END: Final = re.compile(r"(?<!\be\.g)(?<!\bi\.e)(?<!\betc)\.(?=\s+[A-Z`\"']|\s*$)")
+
+_CORE: Final = "io.k8s.api.core.v1."
+_PULL_POLICIES: Final = ("Always", "Never", "IfNotPresent")
+_NODE_INCLUSION: Final = ("Ignore", "Honor")
+_PROFILE_TYPES: Final = ("Unconfined", "RuntimeDefault", "Localhost")
+_LINUX_SIGNALS: Final = (
+    "SIGABRT", "SIGALRM", "SIGBUS", "SIGCHLD", "SIGCLD", "SIGCONT", "SIGFPE", "SIGHUP", "SIGILL", "SIGINT", "SIGIO",
+    "SIGIOT", "SIGKILL", "SIGPIPE", "SIGPOLL", "SIGPROF", "SIGPWR", "SIGQUIT", "SIGSEGV", "SIGSTKFLT", "SIGSTOP",
+    "SIGSYS", "SIGTERM", "SIGTRAP", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGURG", "SIGUSR1", "SIGUSR2", "SIGVTALRM",
+    "SIGWINCH", "SIGXCPU", "SIGXFSZ", "SIGRTMIN", *(f"SIGRTMIN+{n}" for n in range(1, 16)),
+    *(f"SIGRTMAX-{n}" for n in range(14, 0, -1)), "SIGRTMAX")
+#: The values the API server takes for the pod template's string fields of an enum type, by
+#: (OpenAPI type, property); of a list of strings, for each item. Kubernetes' OpenAPI document
+#: declares no ``enum`` (its generator leaves them out), so they are taken from the Go types
+#: (``+enum`` in k8s.io/api/core/v1/types.go, and the selector operators its validation holds to
+#: their constants). ``""`` is listed where a pod takes an empty value: Kubernetes' defaulting fills
+#: it in (imagePullPolicy, dnsPolicy ...) or it means "any" (a toleration's effect). Where a pod's
+#: validation is stricter than the values (stopSignal: SIGKILL and SIGTERM only on Windows, which
+#: only the pod's OS says), the values are the widest, so nothing a pod takes is refused.
+#: tests/unit/test_validate_rules.py checks the table against the Go sources in the module cache.
+ENUMS: Final[Mapping[tuple[str, str], tuple[str, ...]]] = {
+    (_CORE + "AppArmorProfile", "type"): _PROFILE_TYPES,
+    (_CORE + "AzureDiskVolumeSource", "cachingMode"): ("None", "ReadOnly", "ReadWrite"),
+    (_CORE + "Container", "imagePullPolicy"): (*_PULL_POLICIES, ""),
+    (_CORE + "Container", "terminationMessagePolicy"): ("File", "FallbackToLogsOnError", ""),
+    (_CORE + "ContainerPort", "protocol"): ("TCP", "UDP", "SCTP", ""),
+    (_CORE + "EphemeralContainer", "imagePullPolicy"): (*_PULL_POLICIES, ""),
+    (_CORE + "EphemeralContainer", "terminationMessagePolicy"): ("File", "FallbackToLogsOnError", ""),
+    (_CORE + "HTTPGetAction", "scheme"): ("HTTP", "HTTPS", ""),
+    (_CORE + "HostPathVolumeSource", "type"): ("", "DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket",
+                                               "CharDevice", "BlockDevice"),
+    (_CORE + "ImageVolumeSource", "pullPolicy"): (*_PULL_POLICIES, ""),
+    (_CORE + "Lifecycle", "stopSignal"): _LINUX_SIGNALS,
+    (_CORE + "NodeSelectorRequirement", "operator"): ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"),
+    (_CORE + "PersistentVolumeClaimSpec", "accessModes"): ("ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany",
+                                                          "ReadWriteOncePod"),
+    (_CORE + "PersistentVolumeClaimSpec", "volumeMode"): ("Block", "Filesystem"),
+    (_CORE + "PodOS", "name"): ("linux", "windows"),
+    (_CORE + "PodSecurityContext", "fsGroupChangePolicy"): ("OnRootMismatch", "Always"),
+    (_CORE + "PodSecurityContext", "supplementalGroupsPolicy"): ("Merge", "Strict"),
+    (_CORE + "PodSpec", "dnsPolicy"): ("ClusterFirstWithHostNet", "ClusterFirst", "Default", "None", ""),
+    (_CORE + "PodSpec", "preemptionPolicy"): ("PreemptLowerPriority", "Never"),
+    (_CORE + "PodSpec", "restartPolicy"): ("Always", "OnFailure", "Never", ""),
+    (_CORE + "SeccompProfile", "type"): _PROFILE_TYPES,
+    (_CORE + "SecurityContext", "procMount"): ("Default", "Unmasked"),
+    (_CORE + "Toleration", "effect"): ("NoSchedule", "PreferNoSchedule", "NoExecute", ""),
+    (_CORE + "Toleration", "operator"): ("Exists", "Equal", ""),
+    (_CORE + "TopologySpreadConstraint", "nodeAffinityPolicy"): _NODE_INCLUSION,
+    (_CORE + "TopologySpreadConstraint", "nodeTaintsPolicy"): _NODE_INCLUSION,
+    (_CORE + "TopologySpreadConstraint", "whenUnsatisfiable"): ("DoNotSchedule", "ScheduleAnyway"),
+    (_CORE + "VolumeMount", "mountPropagation"): ("None", "HostToContainer", "Bidirectional"),
+    ("io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelectorRequirement", "operator"): ("In", "NotIn", "Exists",
+                                                                                    "DoesNotExist"),
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KubeEnum(Str):
+    """A string field of the pod template that takes one of Kubernetes' values (:data:`ENUMS`);
+    its refusal lists them, and says when an empty value is taken too."""
+
+    def describe(self) -> str:
+        values = self.enum or ()
+        text = "one of " + ", ".join(v for v in values if v)
+        return f"{text} (or empty)" if "" in values else text
+
+
+def _with_enum(node: Node, values: tuple[str, ...] | None) -> Node:
+    """``node`` (a string, or a list of strings) holding ``values``; as it is without them."""
+    if values is None:
+        return node
+    if isinstance(node, Str):
+        return KubeEnum(**{**{f.name: getattr(node, f.name) for f in dataclasses.fields(node) if f.init}, "enum": values})
+    if isinstance(node, Arr) and isinstance(node.items, Str):
+        return dataclasses.replace(node, items=_with_enum(node.items, values))
+    raise ValueError(f"an enum on a {type(node).__name__}: only strings and lists of strings take one")
 
 
 def short_description(text: str | None) -> str:
@@ -142,7 +221,8 @@ class _Converter:
             return Arr(description=description, items=items, list_type=list_type, map_keys=keys or None)
         if kind == "object":
             required = set(raw.get("required") or ())
-            properties = {k: self.field(v, k in required) for k, v in (raw.get("properties") or {}).items()}
+            properties = {k: _with_enum(self.field(v, k in required), ENUMS.get((name or "", k)))
+                          for k, v in (raw.get("properties") or {}).items()}
             values = raw.get("additionalProperties")
             map_type = raw.get("x-kubernetes-map-type")
             if isinstance(values, Mapping):
@@ -193,7 +273,7 @@ def overlay(kube: Node, table: Node, path: str = "spec.template") -> Node:
     Raises:
         ValueError: the table declares a field Kubernetes does not have, or with another type.
     """
-    if type(table) is not type(kube):
+    if not isinstance(kube, type(table)):  # a KubeEnum is a string: the table's declaration replaces it
         raise ValueError(f"{path}: the table declares {type(table).__name__}, Kubernetes {type(kube).__name__}")
     own = {f.name: getattr(table, f.name) for f in dataclasses.fields(table) if f.init}
     if isinstance(table, Obj):

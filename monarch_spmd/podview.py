@@ -15,6 +15,12 @@ only; the server dry run needs the ``kubernetes`` client (``pip install 'monarch
     monarch-spmd pods -f job.yaml --dry-run=server [-n NAMESPACE] [--kubeconfig PATH]
     monarch-spmd manifest ... --pods -- torchrun ...
 
+With ``spec.spares`` the job's hot spares are shown too, after the gang's pods: real pods, built
+as the operator builds them (:func:`spmd_operator.builders.build_spare_pod`: like pod 1, with the
+same resources and GPUs, labelled ``spmd.monarch.dev/spare`` instead of a rank), so what a job
+holds is every pod shown, and the totals count them. A spare has no rank until it takes a lost
+pod's place.
+
 What a pod carries that the manifest does not say: the trainer's command (the worker, then
 ``spec.args``), the MONARCH_SPMD_* inputs from which the worker computes RANK, LOCAL_RANK,
 MASTER_ADDR ... (shown per proc), the downward-API variables, the ``nvidia.com/gpu`` limit
@@ -52,7 +58,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Final
 
 from . import kubeconfig as kubeconfig_rule
-from . import policy, spec
+from . import policy, quantity, spec
 from .payload import names, worker
 
 #: The uid shown until the API server assigns the job's own.
@@ -77,19 +83,29 @@ class PodView:
     """One pod as the operator creates it, and what its worker gives each of its procs.
 
     Attributes:
-        index: the pod's index in the gang (its first rank is ``index * procs``).
-        pod: the Pod object, exactly as :func:`spmd_operator.builders.build_pod` returns it.
+        index: the pod's index in the gang (its first rank is ``index * procs``); a hot spare's is
+            that of the pod it is built as (1).
+        pod: the Pod object, exactly as :func:`spmd_operator.builders.build_pod` (a hot spare:
+            :func:`~spmd_operator.builders.build_spare_pod`) returns it.
         procs: the torchrun variables of each proc the pod runs, in local-rank order, as the worker
-            computes them from the pod's env (empty in Monarch mode: the client sets them).
+            computes them from the pod's env (empty in Monarch mode: the client sets them; empty
+            for a hot spare, which has no rank until it takes a lost pod's place).
+        spare: the hot spare's number (``<job>-<id>-r<attempt>-s<spare>``), None for a pod of the gang.
     """
 
     index: int
     pod: dict[str, Any]
     procs: tuple[dict[str, str], ...]
+    spare: int | None = None
 
     @property
     def name(self) -> str:
         return str(self.pod["metadata"]["name"])
+
+    @property
+    def kind(self) -> str:
+        """``member`` (a pod of the gang) or ``spare`` (a hot spare)."""
+        return "member" if self.spare is None else "spare"
 
 
 @dataclass(frozen=True)
@@ -102,7 +118,8 @@ class JobPods:
             ``default`` was assumed).
         job: the operator's identity of the job (the uid a placeholder).
         spec: the parsed spec.
-        pods: one :class:`PodView` per pod, in index order.
+        pods: one :class:`PodView` per pod the attempt starts with: the gang's in index order,
+            then its hot spares (spec.spares) in number order.
     """
 
     name: str
@@ -111,6 +128,16 @@ class JobPods:
     job: Any
     spec: spec.JobSpec
     pods: tuple[PodView, ...]
+
+    @property
+    def members(self) -> tuple[PodView, ...]:
+        """The gang's pods."""
+        return tuple(v for v in self.pods if v.spare is None)
+
+    @property
+    def spares(self) -> tuple[PodView, ...]:
+        """The hot spares."""
+        return tuple(v for v in self.pods if v.spare is not None)
 
 
 def _operator() -> tuple[Any, Any, Any]:
@@ -143,7 +170,8 @@ def proc_envs(pod: Mapping[str, Any]) -> tuple[dict[str, str], ...]:
 
 def build(doc: Mapping[str, Any], *, namespace: str | None = None, uid: str = PLACEHOLDER_UID,
           token: str = PLACEHOLDER_TOKEN) -> JobPods:
-    """The pods of the first attempt of the SPMDJob ``doc``, as the operator creates them.
+    """The pods of the first attempt of the SPMDJob ``doc``, as the operator creates them: the
+    gang's, then its hot spares (spec.spares), which it creates with them.
 
     Args:
         doc: the SPMDJob manifest (what ``kubectl apply`` takes); checked as the API server
@@ -172,6 +200,9 @@ def build(doc: Mapping[str, Any], *, namespace: str | None = None, uid: str = PL
     for index in range(policy.pods_per_attempt(parsed)):
         pod = builders.build_pod(job, parsed, index, 0, token=attempt_token)
         pods.append(PodView(index, pod, proc_envs(pod)))
+    for number in range(parsed.spares):  # spares.tend creates spares 0..spares-1 with the first attempt
+        pod = builders.build_spare_pod(job, parsed, number, 0, token=attempt_token)
+        pods.append(PodView(1, pod, (), spare=number))
     return JobPods(name, ns, bool(namespace or written), job, parsed, tuple(pods))
 
 
@@ -193,6 +224,48 @@ def _shared(view: PodView) -> dict[str, str]:
     return {k: v for k, v in first.items() if k not in PER_PROC and all(p.get(k) == v for p in view.procs)}
 
 
+def _amount(text: str) -> Any:
+    """A resource value of the table as a number, or None when it is none ("-") or no quantity."""
+    return quantity.parse(text) if text != "-" else None
+
+
+def _show_total(total: Any, memory: bool) -> str:
+    """A sum of quantities as Kubernetes writes one: ``768Gi``, ``96``, ``1500m``."""
+    if memory:
+        return quantity.show(total)
+    if total.denominator == 1:
+        return str(total.numerator)
+    millis = total * 1000
+    return f"{millis.numerator}m" if millis.denominator == 1 else str(float(total))
+
+
+def totals(pods: JobPods) -> dict[str, str]:
+    """The trainer containers' GPUs (their ``nvidia.com/gpu`` limits), CPU and memory requests,
+    summed over every pod, hot spares included (they hold theirs as the gang's pods do); a
+    resource that no pod names is left out."""
+    out: dict[str, str] = {}
+    for key, kind, resource, memory in (("gpus", "limits", policy.GPU_RESOURCE, False),
+                                        ("cpu", "requests", "cpu", False),
+                                        ("memory", "requests", "memory", True)):
+        values = [_amount(_resource(trainer(v.pod), kind, resource)) for v in pods.pods]
+        known = [v for v in values if v is not None]
+        if known:
+            out[key] = _show_total(sum(known), memory)
+    return out
+
+
+def summary(pods: JobPods) -> str:
+    """One line: how many pods, of which hot spares, and what they hold in all."""
+    spares = len(pods.spares)
+    count = f"{len(pods.pods)} pod(s)"
+    if spares:
+        count += f" ({len(pods.members)} of the gang and {spares} hot spare(s))"
+    held = totals(pods)
+    parts = [f"{held['gpus']} {policy.GPU_RESOURCE}"] if "gpus" in held else []
+    parts += [f"{k} {held[k]}" for k in ("cpu", "memory") if k in held]
+    return f"{count}, holding {', '.join(parts)} in all." if parts else f"{count}."
+
+
 def header(pods: JobPods) -> list[str]:
     """The comment lines above the pods: what they are and which values are placeholders."""
     s = pods.spec
@@ -202,10 +275,14 @@ def header(pods: JobPods) -> list[str]:
     lines = [f"The pods the operator creates for SPMDJob {pods.name}'s first attempt (restart 0),",
              "built by its own pod builder (spmd_operator.builders.build_pod).",
              f"Namespace {ns}.",
-             f"{len(pods.pods)} pod(s) of {policy.procs_per_pod(s)} proc(s) each, podLayout {s.pod_layout}.",
-             f"Until the job exists its uid is a placeholder, {PLACEHOLDER_UID}: it is in the",
-             "pods' names, labels, owner reference, TORCHELASTIC_RUN_ID and MASTER_ADDR",
-             "(<job>-<id>-m<attempt>.<namespace>.svc, <id> five hex digits of the uid)."]
+             f"{len(pods.members)} pod(s) of {policy.procs_per_pod(s)} proc(s) each, podLayout {s.pod_layout}."]
+    if pods.spares:
+        lines += [f"Then {len(pods.spares)} hot spare(s) (spec.spares), built as pod 1 is (build_spare_pod): real pods",
+                  "holding the same resources, with no rank until one takes a lost pod's place."]
+    lines += [summary(pods),
+              f"Until the job exists its uid is a placeholder, {PLACEHOLDER_UID}: it is in the",
+              "pods' names, labels, owner reference, TORCHELASTIC_RUN_ID and MASTER_ADDR",
+              "(<job>-<id>-m<attempt>.<namespace>.svc, <id> five hex digits of the uid)."]
     if policy.agent_port(s) is not None:
         lines.append(f"So is the attempt's agent token, {PLACEHOLDER_TOKEN} (the operator makes a random one).")
     if s.scheduling_provider == spec.SCHEDULING_KUEUE:
@@ -214,6 +291,9 @@ def header(pods: JobPods) -> list[str]:
 
 
 def _proc_comments(view: PodView) -> list[str]:
+    if view.spare is not None:
+        return [f"hot spare {view.spare}: no rank until it takes a lost pod's place (its worker waits at the gang's "
+                "coordinator); it then runs that pod's procs, with that pod's torchrun variables"]
     if not view.procs:
         return [f"pod {view.index}: Monarch mode: its procs get the torchrun variables from the client "
                 "(setup_torch_elastic_env)"]
@@ -238,7 +318,7 @@ def render_yaml(pods: JobPods) -> str:
 
 
 def render_json(pods: JobPods) -> str:
-    """The pods as a ``v1`` List."""
+    """The pods as a ``v1`` List, hot spares included (each labelled ``spmd.monarch.dev/spare``)."""
     return json.dumps({"apiVersion": "v1", "kind": "List", "items": [v.pod for v in pods.pods]}, indent=2) + "\n"
 
 
@@ -247,21 +327,26 @@ def _resource(container: Mapping[str, Any], kind: str, key: str) -> str:
 
 
 def table_rows(pods: JobPods) -> list[list[str]]:
-    """A header and one row per pod: what it holds and where its procs meet."""
-    rows = [["POD", "RANKS", "GPUS", "CPU", "MEMORY", "SHM", "TOLERATIONS", "MASTER"]]
+    """A header, one row per pod (KIND ``member`` or ``spare``: what it holds and where its procs
+    meet), and a TOTAL row of every pod's GPUs, CPU and memory, spares included."""
+    rows = [["POD", "KIND", "RANKS", "GPUS", "CPU", "MEMORY", "SHM", "TOLERATIONS", "MASTER"]]
     for view in pods.pods:
         c = trainer(view.pod)
         shm = next((v["emptyDir"].get("sizeLimit", "no limit") for v in view.pod["spec"].get("volumes") or []
                     if (v.get("emptyDir") or {}).get("medium") == "Memory"), "-")
         tolerations = ",".join(str(t.get("key", "*")) for t in view.pod["spec"].get("tolerations") or []) or "-"
         master = (f"{view.procs[0]['MASTER_ADDR']}:{view.procs[0]['MASTER_PORT']}" if view.procs else "-")
-        rows.append([view.name, _ranks(view), _resource(c, "limits", policy.GPU_RESOURCE),
+        rows.append([view.name, view.kind, _ranks(view), _resource(c, "limits", policy.GPU_RESOURCE),
                      _resource(c, "requests", "cpu"), _resource(c, "requests", "memory"), str(shm), tolerations,
                      master])
+    held = totals(pods)
+    rows.append(["TOTAL", f"{len(pods.pods)} pods", "", held.get("gpus", "-"), held.get("cpu", "-"),
+                 held.get("memory", "-"), "", "", ""])
     return rows
 
 
 def render_table(pods: JobPods) -> str:
+    """One line per pod, then the totals."""
     rows = table_rows(pods)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "".join("   ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() + "\n" for r in rows)

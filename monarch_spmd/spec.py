@@ -532,6 +532,59 @@ class ElasticMesh(Rule):
             yield ".mesh", self.message
 
 
+#: CEL, on spec: the job is elastic (mesh[0].minSize below its size), where the elastic wait applies.
+_CEL_ELASTIC: Final = "(size(self.mesh) > 0 && has(self.mesh[0].minSize) && self.mesh[0].minSize < self.mesh[0].size)"
+
+
+def _cel_restart(key: str, default: int) -> str:
+    """CEL, on spec: restartPolicy.<key>, or its default."""
+    return f"(has(self.restartPolicy) && has(self.restartPolicy.{key}) ? self.restartPolicy.{key} : {default})"
+
+
+@dataclass(frozen=True)
+class ElasticWaitBelowJoinTimeout(Rule):
+    """An elastic job's restartPolicy.elasticWaitSeconds is below its joinTimeoutSeconds.
+
+    A round after the first is given up (RoundTimeout: the gang's pods are recreated) once
+    joinTimeoutSeconds pass without it starting; the elastic wait only starts once minSize pods
+    are at the barrier, so a wait as long as the join timeout never lets a smaller round start:
+    every lost pod would recreate the gang instead. A policy: a job stored before this rule keeps
+    running (as it did, recreating its gang).
+    """
+
+    message: str = (f"an elastic job (mesh[0].minSize below its size) needs restartPolicy.elasticWaitSeconds (default "
+                    f"{DEFAULT_ELASTIC_WAIT_SECONDS}) below restartPolicy.joinTimeoutSeconds (default "
+                    f"{DEFAULT_JOIN_TIMEOUT_SECONDS}): a round that waits longer for the missing pods is given up "
+                    "(RoundTimeout) and the gang recreated before it could start smaller")
+    field_path: str | None = ".restartPolicy.elasticWaitSeconds"
+    policy: bool = True
+
+    def cel(self) -> str:
+        wait = _cel_restart("elasticWaitSeconds", DEFAULT_ELASTIC_WAIT_SECONDS)
+        join = _cel_restart("joinTimeoutSeconds", DEFAULT_JOIN_TIMEOUT_SECONDS)
+        return f"!{_CEL_ELASTIC} || {wait} < {join}"
+
+    def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
+        mesh = value.get("mesh")
+        first = mesh[0] if isinstance(mesh, list) and mesh and isinstance(mesh[0], Mapping) else {}
+        low, size = first.get("minSize"), first.get("size")
+        if not (_is_int(low) and _is_int(size) and low < size):
+            return
+        restart = value.get("restartPolicy") if isinstance(value.get("restartPolicy"), Mapping) else {}
+        wait = restart.get("elasticWaitSeconds", DEFAULT_ELASTIC_WAIT_SECONDS)
+        join = restart.get("joinTimeoutSeconds", DEFAULT_JOIN_TIMEOUT_SECONDS)
+        if _is_int(wait) and _is_int(join) and wait >= join:
+            yield ".restartPolicy.elasticWaitSeconds", (
+                f"{wait} is not below restartPolicy.joinTimeoutSeconds ({join}); an elastic job's round is given up "
+                f"(RoundTimeout, the gang recreated) {join} s after it opens, before a wait of {wait} s for the "
+                f"missing pods ends: give elasticWaitSeconds below {join} (0..{join - 1}), or raise "
+                f"joinTimeoutSeconds above {wait}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class ArgsForMode(Rule):
     """spec.args is required in Program mode and refused in Monarch mode (on spec itself)."""
@@ -917,7 +970,8 @@ RESTART_POLICY: Final = Obj(
                 An elastic job (mesh[0].minSize): how long a round, once minSize pods are at its
                 barrier, waits for the others before it starts with those it has (torchrun's last
                 call). A lost pod's replacement that joins within it keeps the full size.
-                0..{MAX_JOIN_TIMEOUT}, default {DEFAULT_ELASTIC_WAIT_SECONDS}."""),
+                0..{MAX_JOIN_TIMEOUT}, default {DEFAULT_ELASTIC_WAIT_SECONDS}; below joinTimeoutSeconds,
+                which gives up a round (RoundTimeout) before a longer wait could end."""),
         ),
         "joinTimeoutSeconds": Int(
             default=DEFAULT_JOIN_TIMEOUT_SECONDS, minimum=1, maximum=MAX_JOIN_TIMEOUT,
@@ -926,7 +980,8 @@ RESTART_POLICY: Final = Obj(
                 wait for every pod to be back at the start barrier (a pod replaced alone must be
                 scheduled and start in that time) before the agents give up and the whole gang is
                 recreated. Raise it where pods take long to schedule or pull their image.
-                1..{MAX_JOIN_TIMEOUT}, default {DEFAULT_JOIN_TIMEOUT_SECONDS}."""),
+                1..{MAX_JOIN_TIMEOUT}, default {DEFAULT_JOIN_TIMEOUT_SECONDS}; an elastic job's must be
+                above its elasticWaitSeconds."""),
         ),
     },
 )
@@ -1020,7 +1075,8 @@ SPEC: Final = Obj(
         Job's pod template: suspend it (its pods are deleted), change them, resume it. The others
         (restartPolicy, activeDeadlineSeconds, ttlSecondsAfterFinished, suspend) change at any
         time."""),
-    rules=(ArgsForMode(), LayoutForMode(), SparesNeedAGang(), ElasticMesh(), *(FrozenUnlessSuspended(key) for key in POD_SHAPING_FIELDS)),
+    rules=(ArgsForMode(), LayoutForMode(), SparesNeedAGang(), ElasticMesh(), ElasticWaitBelowJoinTimeout(),
+           *(FrozenUnlessSuspended(key) for key in POD_SHAPING_FIELDS)),
     properties={
         "mesh": Arr(
             required=True,

@@ -11,12 +11,14 @@ it. Usage::
     monarch-spmd validate -f manifests/ [-R]              # every .yaml, .yml, .json in the folder
 
 Every error is printed as ``FILE: doc N (NAME): FIELD: MESSAGE``; a file without errors as
-``FILE: N SPMDJob(s) valid``. Exit code 0 when every SPMDJob is valid, 1 when one is not (or a
-file named holds none), 2 on a usage error (an unknown option, a missing file or a folder without
-manifests, YAML that does not parse). Documents of other kinds are skipped; a ``kind: List`` is
-checked item by item. A folder is read as ``kubectl apply -f DIR`` reads it: its files ending in
-``.yaml``, ``.yml`` or ``.json`` (in name order; ``-R`` also those of its subfolders), where a
-file without an SPMDJob is skipped with a note rather than an error (a folder mixes kinds).
+``FILE: N SPMDJob(s) valid``, after a ``FILE: doc N (NAME): note: FIELD: MESSAGE`` line for what is
+valid but likely not meant (:func:`notes`: a GPU job whose pods tolerate no GPU taint). Exit code 0
+when every SPMDJob is valid (notes or not), 1 when one is not (or a file named holds none), 2 on a
+usage error (an unknown option, a missing file or a folder without manifests, YAML that does not
+parse). Documents of other kinds are skipped; a ``kind: List`` is checked item by item. A folder
+is read as ``kubectl apply -f DIR`` reads it: its files ending in ``.yaml``, ``.yml`` or ``.json``
+(in name order; ``-R`` also those of its subfolders), where a file without an SPMDJob is skipped
+with a note rather than an error (a folder mixes kinds).
 
 A verdict of "valid" means: ``kubectl apply`` of the document is accepted by an API server with
 the CRD of this version installed, and the operator runs it, up to what only creating a pod can
@@ -41,7 +43,8 @@ from typing import Any, Final
 
 import yaml
 
-from . import podtemplate, schema, spec
+from . import podtemplate, policy, schema, spec
+from .torchrun import GPU_TOLERATION
 
 USAGE: Final = "usage: monarch-spmd validate [-R] [-f FILE|DIR|-] ... [FILE|DIR ...]"
 #: The files of a folder that are manifests (kubectl's FileExtensions).
@@ -190,6 +193,64 @@ def load_documents(text: str) -> list[Any]:
     return [_to_json(doc) for doc in yaml.load_all(text, Loader=KubectlLoader) if doc is not None]
 
 
+# --- notes: valid, but likely not meant ------------------------------------------------------------
+
+def gpu_request(job_spec: Any) -> str | None:
+    """The field that makes the pods of a (checked, defaulted) spec request ``nvidia.com/gpu``, or None."""
+    if not isinstance(job_spec, dict):
+        return None
+    gpus = job_spec.get("gpusPerProc")
+    if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0:
+        return f"spec.gpusPerProc {gpus}"
+    pod = (job_spec.get("template") or {}).get("spec") or {}
+    for kind in ("initContainers", "containers"):
+        for i, container in enumerate(pod.get(kind) or []):
+            resources = container.get("resources") or {}
+            for part in ("limits", "requests"):
+                value = (resources.get(part) or {}).get(policy.GPU_RESOURCE)
+                if value is not None and str(value).strip() not in ("", "0"):
+                    return f"spec.template.spec.{kind}[{i}].resources.{part}[{policy.GPU_RESOURCE}]"
+    return None
+
+
+def tolerates_gpu_taint(tolerations: Any) -> bool:
+    """A toleration of the list names the key ``nvidia.com/gpu``, or tolerates every taint (Exists
+    without a key)."""
+    for t in tolerations if isinstance(tolerations, list) else []:
+        if not isinstance(t, dict):
+            continue
+        if t.get("key") == policy.GPU_RESOURCE or (not t.get("key") and t.get("operator") == "Exists"):
+            return True
+    return False
+
+
+def notes(value: Any) -> list[tuple[str, str]]:
+    """``(field, message)`` for what a valid SPMDJob says that is likely not meant; nothing refuses it.
+
+    A GPU job (its pods request ``nvidia.com/gpu``) whose template tolerates no GPU taint: GPU nodes
+    are commonly tainted ``nvidia.com/gpu:NoSchedule`` (the NVIDIA device plugin's convention, and
+    the clouds' GPU node pools), where such pods stay Pending (Unschedulable). The toleration
+    suggested is the one ``monarch-spmd manifest`` writes (:data:`monarch_spmd.torchrun.GPU_TOLERATION`).
+    A note, not an error: a cluster whose GPU nodes carry no taint runs them.
+    """
+    job_spec = value.get("spec") if isinstance(value, dict) else None
+    asking = gpu_request(job_spec)
+    if asking is None:
+        return []
+    pod = ((job_spec or {}).get("template") or {}).get("spec") or {}
+    if tolerates_gpu_taint(pod.get("tolerations")):
+        return []
+    kueue = ((job_spec or {}).get("scheduling") or {}).get("provider") == spec.SCHEDULING_KUEUE
+    flavor = (" (or give it to the Kueue ResourceFlavor that admits the job: its tolerations join the pods')"
+              if kueue else "")
+    toleration = "{" + ", ".join(f"{k}: {v}" for k, v in GPU_TOLERATION.items()) + "}"
+    return [("spec.template.spec.tolerations", (
+        f"the pods request {policy.GPU_RESOURCE} ({asking}) but tolerate no GPU taint: on GPU nodes tainted "
+        f"{policy.GPU_RESOURCE}:NoSchedule (the NVIDIA device plugin's convention) they stay Pending "
+        f"(Unschedulable); add the toleration {toleration}{flavor}, or ignore this where GPU nodes carry no "
+        "such taint"))]
+
+
 # --- the command ---------------------------------------------------------------------------------
 
 
@@ -269,6 +330,8 @@ def check_file(path: str, out: _Outcome, *, in_folder: bool = False) -> None:
         errors = errors or spec.pod_problems(value["spec"])  # what the job's every pod would be refused for
         for error in errors:
             print(f"{shown}: {label} ({_name(doc)}): {error}")
+        for where, message in [] if errors else notes(value):
+            print(f"{shown}: {label} ({_name(doc)}): note: {where}: {message}")
         bad += bool(errors)
     out.errors += bad
     if not bad:

@@ -53,7 +53,11 @@ def test_the_examples_are_valid(capsys):
     examples = sorted(str(p) for p in (ROOT / "examples").glob("*.yaml"))
     code, out, err = check(capsys, *examples)
     assert code == 0, out + err
-    assert out.splitlines() == [f"{p}: 1 SPMDJob(s) valid" for p in examples]
+    lines = out.splitlines()
+    assert [line for line in lines if ": note: " not in line] == [f"{p}: 1 SPMDJob(s) valid" for p in examples]
+    # A note is no error: the gang examples ask for GPUs and leave the toleration to the cluster.
+    noted = [line.split(": doc 1 ")[0] for line in lines if ": note: " in line]
+    assert noted == [str(ROOT / "examples" / f"gang-{p}.yaml") for p in ("coscheduling", "kueue", "volcano")], lines
 
 
 def test_every_error_is_printed_with_file_document_name_and_field(tmp_path, capsys):
@@ -187,3 +191,42 @@ def test_a_folder_without_manifests_or_without_jobs_is_an_error(tmp_path, capsys
     write(others, "cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n")
     code, out, _ = check(capsys, str(others))
     assert code == 1 and out.splitlines()[-1] == f"{others}: no SPMDJob document in the folder's 1 manifest file(s)"
+
+
+ELASTIC = GOOD.replace("name: good", "name: elastic").replace(
+    "mesh: [{name: hosts, size: 2}, {name: gpus, size: 2}]",
+    "mesh: [{name: hosts, size: 4, minSize: 2}, {name: gpus, size: 2}]\n  podLayout: PerHost")
+
+
+def test_an_elastic_wait_as_long_as_the_join_timeout_is_refused(tmp_path, capsys):
+    path = write(tmp_path, "elastic.yaml", ELASTIC + "  restartPolicy: {elasticWaitSeconds: 120}\n")
+    code, out, _ = check(capsys, "-f", path)
+    assert code == 1
+    assert out.startswith(f"{path}: doc 1 (elastic): spec.restartPolicy.elasticWaitSeconds: 120 is not below "
+                          "restartPolicy.joinTimeoutSeconds (120);"), out
+    assert "give elasticWaitSeconds below 120 (0..119), or raise joinTimeoutSeconds above 120" in out
+    path = write(tmp_path, "fine.yaml", ELASTIC + "  restartPolicy: {elasticWaitSeconds: 30, joinTimeoutSeconds: 300}\n")
+    assert check(capsys, "-f", path)[:2] == (0, f"{path}: 1 SPMDJob(s) valid\n")
+
+
+def test_a_toleration_operator_kubernetes_does_not_know_is_refused(tmp_path, capsys):
+    text = GOOD + "  template:\n    spec:\n      tolerations: [{key: nvidia.com/gpu, operator: Exist}]\n"
+    path = write(tmp_path, "typo.yaml", text)
+    code, out, _ = check(capsys, "-f", path)
+    assert code == 1
+    assert out == (f"{path}: doc 1 (good): spec.template.spec.tolerations[0].operator: 'Exist' is not valid; "
+                   "expected one of Exists, Equal (or empty)\n")
+
+
+def test_a_gpu_job_without_a_gpu_toleration_is_valid_with_a_note(tmp_path, capsys):
+    path = write(tmp_path, "gpu.yaml", GOOD + "  gpusPerProc: 1\n")
+    code, out, _ = check(capsys, "-f", path)
+    assert code == 0
+    note, valid = out.splitlines()
+    assert note.startswith(f"{path}: doc 1 (good): note: spec.template.spec.tolerations: the pods request "
+                           "nvidia.com/gpu (spec.gpusPerProc 1) but tolerate no GPU taint")
+    assert valid == f"{path}: 1 SPMDJob(s) valid"
+    tolerated = GOOD + ("  gpusPerProc: 1\n  template:\n    spec:\n"
+                        "      tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]\n")
+    path = write(tmp_path, "tolerated.yaml", tolerated)
+    assert check(capsys, "-f", path)[:2] == (0, f"{path}: 1 SPMDJob(s) valid\n")

@@ -56,10 +56,11 @@ def test_a_gpu_job_shows_the_gpu_limit_the_toleration_the_shm_and_the_worker_vol
         assert labels[names.LABEL_RANK] == str(view.index * 4)
         assert labels["spmd.monarch.dev/coord-nodes"] == str(view.index)
     rows = podview.table_rows(pods)
-    assert rows[0] == ["POD", "RANKS", "GPUS", "CPU", "MEMORY", "SHM", "TOLERATIONS", "MASTER"]
-    assert rows[1] == ["train-00000-r0-0", "0..3", "4", "32", "256Gi", "64Gi", "nvidia.com/gpu",
+    assert rows[0] == ["POD", "KIND", "RANKS", "GPUS", "CPU", "MEMORY", "SHM", "TOLERATIONS", "MASTER"]
+    assert rows[1] == ["train-00000-r0-0", "member", "0..3", "4", "32", "256Gi", "64Gi", "nvidia.com/gpu",
                        "train-00000-m0.default.svc:29500"]
-    assert rows[2][:2] == ["train-00000-r0-1", "4..7"]
+    assert rows[2][:3] == ["train-00000-r0-1", "member", "4..7"]
+    assert rows[3] == ["TOTAL", "2 pods", "", "8", "64", "512Gi", "", "", ""]
 
 
 @pytest.mark.parametrize("doc", [gpu_job(nnodes=2, nproc=3), hello_job()], ids=["PerHost", "PerProc"])
@@ -153,8 +154,8 @@ def test_pods_reads_a_manifest_from_standard_input_as_a_table_or_json():
     text = yaml.safe_dump(gpu_job())
     code, out, err = _cli("pods", "-f", "-", "-o", "table", "-n", "ml", stdin=text)
     assert code == 0, err
-    assert out.splitlines()[1].split() == ["train-00000-r0-0", "0..3", "4", "32", "256Gi", "64Gi", "nvidia.com/gpu",
-                                           "train-00000-m0.ml.svc:29500"]
+    assert out.splitlines()[1].split() == ["train-00000-r0-0", "member", "0..3", "4", "32", "256Gi", "64Gi",
+                                           "nvidia.com/gpu", "train-00000-m0.ml.svc:29500"]
     code, out, err = _cli("pods", "-f", "-", "-o", "json", stdin=text)
     assert code == 0 and [p["metadata"]["name"] for p in json.loads(out)["items"]] == ["train-00000-r0-0",
                                                                                         "train-00000-r0-1"]

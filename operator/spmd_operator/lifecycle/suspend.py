@@ -19,6 +19,10 @@ API forbidden by RBAC or not installed) creates nothing and deletes nothing: its
 
 from __future__ import annotations
 
+import math
+import re
+
+from monarch_spmd import quantity
 from monarch_spmd.spec import SCHEDULING_KUEUE
 
 from .. import names
@@ -26,6 +30,12 @@ from .model import EVENT_NORMAL, EVENT_WARNING, PENDING, SUSPENDED, format_time
 from .status import Pass
 
 WAITING_FOR_ADMISSION: str = "WaitingForAdmission"
+#: Kueue's words (v0.17, flavorassigner.fitsResourceQuota) for a pod set larger than a flavor's
+#: quota of one resource can ever hold: the requests of the pod sets before it, the pod set's own
+#: (its count times one pod's), and the most the ClusterQueue (and its cohort) could lend it.
+_NO_FIT = re.compile(r"insufficient quota for (?P<resource>\S+) in flavor (?P<flavor>\S+), previously considered "
+                     r"podsets requests \((?P<before>[^)]*)\) \+ current podset request \((?P<asked>[^)]*)\) > "
+                     r"maximum capacity \((?P<capacity>[^)]*)\)")
 
 
 def _hold(p: Pass) -> tuple[str, str] | None:
@@ -43,8 +53,45 @@ def _hold(p: Pass) -> tuple[str, str] | None:
     queue = p.spec.scheduling_queue
     if w is not None and w.evicted:
         return "Evicted", f"Kueue evicted the job ({w.evicted}): {w.message or 'no message'}; it waits in queue {queue} again"
-    detail = f": {w.message}" if w is not None and w.message else ""
-    return WAITING_FOR_ADMISSION, f"waiting for Kueue to admit all {p.pods_per_attempt} pods on queue {queue}{detail}"
+    return WAITING_FOR_ADMISSION, _waiting(p.pods_per_attempt, p.spec.spares, queue, w.message if w else None)
+
+
+def _waiting(members: int, spares: int, queue: str | None, message: str | None) -> str:
+    """Why a job waits for Kueue, counting the pods as its Workload does (builders.build_workload:
+    one pod set of the gang's pods and its hot spares, admitted together) and, where Kueue's
+    message says how much of a resource its quota can ever hold, which of them do not fit."""
+    total = members + spares
+    pods = f"all {total} pods" + (f" ({members} of the gang and {spares} hot spare{'s' * (spares > 1)})" if spares else "")
+    fit = _fitting(total, message or "")
+    short = ""
+    if fit is not None and fit[0] < total:
+        fits, resource, flavor = fit
+        if fits >= members:
+            left = total - fits
+            which = f"its hot spare{'s' * (spares > 1)}" if left == spares else f"{left} of its {spares} hot spares"
+            short = (f"; the quota of {resource} in flavor {flavor} holds the gang's {members} pods but not {which}: "
+                     "lower spec.spares or raise the quota")
+        else:
+            short = (f"; the quota of {resource} in flavor {flavor} holds {fits} of the {total} pods, and the gang "
+                     f"alone needs {members}: raise the quota" + (" (and count the hot spares)" if spares else ""))
+    detail = f": {message}" if message else ""
+    return f"waiting for Kueue to admit {pods} on queue {queue}{short}{detail}"
+
+
+def _fitting(count: int, message: str) -> tuple[int, str, str] | None:
+    """(how many of ``count`` pods fit, the resource, the flavor) for the resource of Kueue's
+    message whose quota holds the fewest of them, or None when the message says no such thing.
+
+    One pod's request is the pod set's over its count: every pod of the set is alike."""
+    fewest: tuple[int, str, str] | None = None
+    for m in _NO_FIT.finditer(message):
+        before, asked, capacity = (quantity.parse(m.group(k).strip()) for k in ("before", "asked", "capacity"))
+        if before is None or asked is None or capacity is None or asked <= 0:
+            continue
+        fits = max(0, min(count, math.floor((capacity - before) * count / asked)))
+        if fewest is None or fits < fewest[0]:
+            fewest = (fits, m.group("resource"), m.group("flavor"))
+    return fewest
 
 
 def blocked(p: Pass) -> bool:
