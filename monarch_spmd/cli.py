@@ -94,6 +94,10 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--progress-timeout", type=float, metavar="SECONDS",
                    help="a rank that writes nothing for this long fails (reason NoProgress) and the gang restarts "
                    "(spec.restartPolicy.progressTimeoutSeconds; default off)")
+    p.add_argument("--elastic-wait", type=int, metavar="SECONDS",
+                   help="an elastic job (--nnodes MIN:MAX): how long a round with at least MIN nodes waits for "
+                   "the others before it starts without them, as torchrun's last call "
+                   f"(spec.restartPolicy.elasticWaitSeconds; default {runner.DEFAULT_ELASTIC_WAIT})")
     flags = p.add_argument_group(
         "torchrun's flags",
         "torchrun's command line (torch 2.14), read as torchrun reads it; --max-restarts and --master-port "
@@ -259,6 +263,7 @@ def _run_mesh(opts: argparse.Namespace, flags: dict[str, Any], manifest: str | N
         local_rank_scope=opts.local_rank_scope,
         role_name=opts.role_name,
         pod_layout=opts.pod_layout,
+        elastic_wait=opts.elastic_wait,
     )
     grace = runner.DEFAULT_GRACE_PERIOD if opts.grace_period is None else opts.grace_period
     return runner.run(job, grace_period=grace, run_id=opts.run_id, progress_timeout=opts.progress_timeout)
@@ -294,6 +299,7 @@ def _run_torchrun(parser: argparse.ArgumentParser, opts: argparse.Namespace, lau
         role_name=opts.role_name or plan.role,
         pod_layout=opts.pod_layout or names.PER_HOST,
         min_nodes=plan.min_nodes,
+        elastic_wait=opts.elastic_wait,
     )
     grace = opts.grace_period if opts.grace_period is not None else plan.grace_period
     logs = None

@@ -26,6 +26,11 @@ Behaviour, modelled on torchrun:
 * a worker that dies (killed) is replaced alone when it is not rank 0's, as the operator replaces
   a lost pod; when rank 0's worker dies the others exit 75 and the runner starts a new gang,
   counted as a restart;
+* in an elastic job (``--nnodes MIN:MAX``) a killed worker is a lost node, as on the cluster: a
+  disruption, never counted; the next round starts without it after the elastic wait, and once
+  it runs the runner starts the worker again (the operator's new pod), so the gang grows back
+  (:func:`_start_again`); rank 0's worker lost recreates the gang, uncounted too. The notes and
+  the failed run's table say each size, which worker was lost and what was counted;
 * every output line is prefixed with its rank (``[rank 3] ...``), partial lines and ``\\r`` (a
   progress bar) passed on as they arrive; stdout to stdout, stderr to stderr; the runner's own
   lines start with ``[monarch-spmd]`` and go to stderr. torchrun's ``--tee``, ``--redirects``
@@ -72,6 +77,9 @@ from .spec import JobSpec
 LOCAL_MASTER_ADDR: Final = "127.0.0.1"
 #: Seconds between SIGTERM and SIGKILL when stopping ranks.
 DEFAULT_GRACE_PERIOD: Final = 5.0
+#: Seconds an elastic job's round, with its minimum of workers, waits for the others (the spec's
+#: default of restartPolicy.elasticWaitSeconds; ``--elastic-wait`` sets it).
+DEFAULT_ELASTIC_WAIT: Final = spec.DEFAULT_ELASTIC_WAIT_SECONDS
 #: The exit code when activeDeadlineSeconds passes (that of coreutils' ``timeout``).
 EX_DEADLINE: Final = 124
 #: A failed run's table lists every rank up to this many; beyond, the failed ones and a summary.
@@ -355,16 +363,19 @@ def job_from_args(
     role_name: str | None = None,
     pod_layout: str | None = None,
     min_nodes: int | None = None,
+    elastic_wait: int | None = None,
 ) -> LocalJob:
     """A :class:`LocalJob` from the CLI's pieces: a manifest and/or ``--mesh``, argv, overrides.
 
     The command line is turned into the manifest it stands for (a non-empty ``args``, ``mesh``
     and every override given win over the manifest's), which is then checked by the same
     :func:`spec.load_manifest` as a manifest: one set of rules, one kind of error message.
+    ``elastic_wait`` is ``restartPolicy.elasticWaitSeconds`` (``--elastic-wait``): only an elastic
+    job waits for its absent nodes, so it is refused for a fixed size rather than ignored.
 
     Raises:
         monarch_spmd.spec.SpecError: naming the field; ValueError for a ``--mesh`` that does not
-        parse.
+        parse, or an elastic wait for a job of a fixed size.
     """
     if manifest:
         doc = read_manifest(manifest)
@@ -389,10 +400,16 @@ def job_from_args(
         body["restartPolicy"] = {**(body.get("restartPolicy") or {}), "maxRestarts": max_restarts}
     elif not manifest:
         body["restartPolicy"] = {"maxRestarts": 0}  # a bare command line does not retry unless asked
+    if elastic_wait is not None:
+        body["restartPolicy"] = {**(body.get("restartPolicy") or {}), "elasticWaitSeconds": elastic_wait}
     overrides = {names.LOCAL_RANK_SCOPE_VAR: local_rank_scope, names.ROLE_NAME_VAR: role_name}
     if any(v is not None for v in overrides.values()):
         body["template"] = _with_trainer_env(body.get("template") or {}, overrides)
-    return job_from_manifest({**doc, "spec": body})
+    job = job_from_manifest({**doc, "spec": body})
+    if elastic_wait is not None and job.spec.min_members is None:
+        raise ValueError(f"--elastic-wait {elastic_wait}: only an elastic job waits for absent nodes; give "
+                         "--nnodes MIN:MAX (or a manifest with mesh[0].minSize below its size)")
+    return job
 
 
 def _with_trainer_env(template: Mapping[str, Any], values: Mapping[str, str | None]) -> dict[str, Any]:
@@ -525,6 +542,25 @@ class _View:
     announced: set[int] = field(default_factory=set)  # rounds whose first failure was said
     quiet: bool = False  # the runner is stopping everything itself: the agents' reactions are not news
     lost: dict[int, int] = field(default_factory=dict)  # member -> the round it was lost in
+    #: ``lost`` events per member, and how many of them the runner has matched with a worker it saw
+    #: killed (a worker killed again waits for its own loss, not the last one's).
+    lost_seen: dict[int, int] = field(default_factory=dict)
+    lost_handled: dict[int, int] = field(default_factory=dict)
+    #: An elastic job's shape (0: a fixed size): the fewest workers a round starts with, the
+    #: workers of the gang, the procs of each, and the elastic wait.
+    min_workers: int = 0
+    workers: int = 0
+    procs: int = 1
+    elastic_wait: float = 0.0
+    #: The latest round whose every rank was running (the coordinator's ``all_running``).
+    all_running: int | None = None
+    #: An elastic gang's rounds as they started: (round, its members), in order.
+    starts: list[tuple[int, list[int]]] = field(default_factory=list)
+    #: The restarts of this gang (the coordinator's ``restart`` events), in order.
+    restarts: list[Mapping[str, Any]] = field(default_factory=list)
+    #: An elastic job's lost workers (member -> the round it was lost in) that the runner starts
+    #: again once the gang runs without them (:func:`_start_again`).
+    absent: dict[int, int] = field(default_factory=dict)
 
     def drain(self) -> list[dict[str, Any]]:
         out = []
@@ -533,6 +569,22 @@ class _View:
                 out.append(self.inbox.get_nowait())
             except queue.Empty:
                 return out
+
+    @property
+    def elastic(self) -> bool:
+        return 0 < self.min_workers < self.workers
+
+    def members_of(self, round_: int) -> list[int] | None:
+        """The members an elastic gang's round ``round_`` started with (None: fixed size, or not started)."""
+        for r, members in reversed(self.starts):
+            if r == round_:
+                return members
+        return None
+
+    @property
+    def disruptions(self) -> int:
+        """This gang's restarts that were disruptions (a lost worker, a membership change): not counted."""
+        return sum(1 for e in self.restarts if e.get("disruption"))
 
 
 def _how(row: Mapping[str, Any]) -> str:
@@ -561,6 +613,9 @@ def _table(view: _View, final: Mapping[str, Any], world: int) -> list[str]:
     r = int(final.get("round", view.round))
     rows = view.rows.get(r, {})
     root = final.get("rank")
+    members = view.members_of(r) if view.elastic else None
+    if members is not None:
+        world = len(members) * view.procs  # an elastic round's ranks are those of its members
     lines = [f"restart {r}, every rank's last process:",
              f"  {'rank':<6}{'local rank':<12}{'process':<13}exit code"]
     shown = []
@@ -589,7 +644,29 @@ def _table(view: _View, final: Mapping[str, Any], world: int) -> list[str]:
         lines.extend(text for _, text, keep in shown if keep)
         rest = sum(1 for _, _, keep in shown if not keep)
         lines.append(f"  ... and {rest} other ranks, stopped after the first failure or done")
+    if members is not None and len(members) < view.workers:
+        absent = [m for m in range(view.workers) if m not in members]
+        lines.append(f"restart {r} ran {len(members)} of {view.workers} workers (elastic, at least "
+                     f"{view.min_workers}): {_absences(view, absent)}")
     return lines
+
+
+def _absences(view: _View, members: Sequence[int]) -> str:
+    """Why an elastic round ran without ``members``: ``worker 1, lost in restart 0 (not counted
+    against maxRestarts: a lost worker is a disruption)``."""
+    parts = []
+    for m in members:
+        if m in view.lost:
+            parts.append(f"worker {m}, lost in restart {view.lost[m]}")
+        else:
+            parts.append(f"worker {m}, not ready within the elastic wait ({view.elastic_wait:g}s)")
+    if not any(m in view.lost for m in members):
+        return "; ".join(parts)
+    return "; ".join(parts) + " (not counted against maxRestarts: a lost worker is a disruption)"
+
+
+def _workers_word(count: int) -> str:
+    return f"{count} worker" if count == 1 else f"{count} workers"
 
 
 def run(
@@ -661,15 +738,15 @@ def run(
     if threading.current_thread() is threading.main_thread():
         handlers = {sig: signal.signal(sig, interrupted) for sig in agent.STOP_SIGNALS}
     deadline = time.monotonic() + s.active_deadline_seconds if s.active_deadline_seconds else None
-    restart = 0
+    restart = disruptions = 0
     try:
         while True:
             note(f"{'attempt' if restart == 0 else 'new gang at restart'} {restart}: {world} ranks of mesh "
                  f"{contract.format_mesh(job.mesh)}, master {plan.master_addr}:{plan.master_port}, run id {plan.run_id}")
-            outcome = _run_gang(plan, restart, out, note, deadline, handlers, on_event)
+            outcome = _run_gang(plan, restart, disruptions, out, note, deadline, handlers, on_event)
             if isinstance(outcome, int):
                 return outcome
-            restart = outcome[0]  # the gang must be recreated (its rank-0 worker is gone)
+            restart, disruptions = outcome  # the gang must be recreated (its rank-0 worker is gone)
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
@@ -679,15 +756,18 @@ def _replace(plan: _Plan, **changes: Any) -> _Plan:
     return dataclasses.replace(plan, **changes)
 
 
-def _run_gang(plan: _Plan, restart: int, out: procgroup.Prefixer, note: Any, deadline: float | None,
-              handlers: Mapping[int, Any], on_event: Any) -> int | tuple[int]:
-    """One gang of workers, from its start to its end: an exit code, or ``(restart,)`` when a new
-    gang must start at that restart count."""
+def _run_gang(plan: _Plan, restart: int, disruptions: int, out: procgroup.Prefixer, note: Any,
+              deadline: float | None, handlers: Mapping[int, Any], on_event: Any) -> int | tuple[int, int]:
+    """One gang of workers, from its start to its end: an exit code, or ``(restart, disruptions)``
+    when a new gang must start at that restart count, ``disruptions`` of the restarts before it
+    not counted against maxRestarts (MONARCH_SPMD_DISRUPTIONS, as the operator gives a new
+    attempt's pods; an elastic job's only: a fixed-size local run counts every recreation)."""
     plan = _replace(plan, token=rendezvous.new_token())  # each gang its own proof of membership
     s = plan.job.spec
     world = s.world_size
     procs = _procs_per_worker(s)
-    view = _View(round=restart)
+    view = _View(round=restart, procs=procs, workers=world // procs, min_workers=s.min_members or 0,
+                 elastic_wait=float(s.elastic_wait_seconds))
     # The observer's thread wakes the loop through a pipe, so an event is said when it happens,
     # between the ranks' lines around it.
     wake_r, wake_w = os.pipe()
@@ -711,16 +791,17 @@ def _run_gang(plan: _Plan, restart: int, out: procgroup.Prefixer, note: Any, dea
         _follow(view, note, world)
 
     selector.register(wake_r, selectors.EVENT_READ, woken)
-    workers = [_worker_spec(plan, i, restart) for i in range(world // procs)]
+    workers = [_worker_spec(plan, i, restart, disruptions) for i in range(world // procs)]
     group = procgroup.ProcGroup(workers, out, plan.grace, preexec=agent.parent_death_hook(signal.SIGTERM),
                                 stop_on_failure=False, selector=selector)
     observer = agent.Observer(LOCAL_MASTER_ADDR, plan.agent_port, on_message,
                               retry_until=time.monotonic() + s.rendezvous_timeout_seconds + 5, token=plan.token)
     expired = False
     stopped_by: int | None = None
-    handled: set[int] = set()
-    lost: list[tuple[str, int]] = []  # a killed worker that could not be replaced: why, and its code
+    handled: set[procgroup.Proc] = set()
+    lost: list[tuple[str, int, int]] = []  # a killed worker that could not be replaced: why, its code, its round
     coordinator_gone: int | None = None  # rank 0's worker ended without a verdict: its exit code
+    coordinator_lost = False  # and it was killed by a signal the runner did not send (a lost node)
     try:
         try:
             group.start()
@@ -738,12 +819,15 @@ def _run_gang(plan: _Plan, restart: int, out: procgroup.Prefixer, note: Any, dea
                     group.stop()
                 if not expired and stopped_by is None and view.final is None and not lost:
                     lost.extend(_replace_lost(plan, group, view, note, handled))
+                    _start_again(plan, group, view, note)
                 if (coordinator_gone is None and group.procs[0].code is not None and view.final is None
                         and not expired and stopped_by is None):
                     _hear_out(observer)  # a verdict on its way decides first
                     _follow(view, note, world)
                     if view.final is None:  # rank 0's worker (the coordinator) ended without one
                         coordinator_gone = group.procs[0].code
+                        first = group.procs[0]
+                        coordinator_lost = first.returncode is not None and first.returncode < 0 and not first.stopped
                         group.stop()  # those still waiting for it would wait out the rendezvous timeout
                 if not alive:
                     break
@@ -776,13 +860,25 @@ def _run_gang(plan: _Plan, restart: int, out: procgroup.Prefixer, note: Any, dea
     final = view.final
     codes = [p.code for p in group.procs]
     if lost and final is None:
-        what, code = lost[0]
-        for line in _table(view, {"round": view.round}, world):
+        what, code, lost_in = lost[0]
+        for line in _table(view, {"round": lost_in}, world):  # the round it was lost in: the one that ran
             note(line)
         note(f"job failed: {what} (restarts used up: {s.max_restarts} of at most {s.max_restarts})")
         return code
+    history = _elastic_history(view, s.max_restarts)
+
+    def last_line(text: str) -> None:
+        if history:
+            note(history)  # an elastic run's sizes and counts, once, just before its outcome
+        note(text)
+
     if final is not None and final["type"] == rendezvous.EV_SUCCEEDED:
-        note(f"all {world} ranks succeeded")
+        members = view.members_of(int(final.get("round", view.round))) if view.elastic else None
+        if members is not None and len(members) < view.workers:
+            last_line(f"all {len(members) * procs} ranks of restart {final.get('round')} succeeded ({len(members)} of "
+                      f"{view.workers} workers, elastic)")
+        else:
+            last_line(f"all {world} ranks succeeded")
         return 0
     if final is not None and not final.get("fallback"):
         for line in _table(view, final, world):
@@ -791,29 +887,70 @@ def _run_gang(plan: _Plan, restart: int, out: procgroup.Prefixer, note: Any, dea
         if final.get("permanent"):
             why = " (not retryable)"
         elif final.get("exhausted") and not final.get("max_restarts"):
-            why = " (no restarts allowed: maxRestarts 0)"
+            why = f" (no restarts allowed: maxRestarts 0{_uncounted(final)})"
         elif final.get("exhausted"):
-            why = f" (restarts used up: {final.get('counted')} of at most {final.get('max_restarts')})"
-        note(f"job failed: {_failed_words(final)}{why}")
+            why = (f" (restarts used up: {final.get('counted')} of at most {final.get('max_restarts')}"
+                   f"{_uncounted(final)})")
+        last_line(f"job failed: {_failed_words(final)}{why}")
         return int(final.get("exit_code") or 1)
     if final is None and all(c == 0 for c in codes):
-        note(f"all {world} ranks succeeded")
+        last_line(f"all {world} ranks succeeded")
         return 0
     # The gang could not go on in place: a fallback, or the coordinator (rank 0's worker) is gone.
     last = int(final["round"]) if final is not None else view.round
     why = _failed_words(final) if final is not None else (
         f"the worker of rank 0 {_how({'exit_code': group.procs[0].code, 'returncode': group.procs[0].returncode})}")
     if final is None and coordinator_gone and policy.is_permanent(s, coordinator_gone, None):
-        note(f"job failed: {why} (not retryable)")
+        last_line(f"job failed: {why} (not retryable)")
         return coordinator_gone
-    if last >= s.max_restarts:
+    # An elastic job counts as the operator does: the restarts that were disruptions do not.
+    uncounted = disruptions + view.disruptions if view.elastic else 0
+    if view.elastic and final is None and coordinator_lost:
+        # Rank 0's worker lost (its node): a disruption, the gang is recreated uncounted.
+        if history:
+            note(history)
+        note(f"{why}: worker 0 (the coordinator's) is lost, a disruption not counted against maxRestarts; "
+             f"recreating the gang (restart {last + 1}, {last - uncounted} of at most {s.max_restarts} counted)")
+        return (last + 1, uncounted + 1)
+    if last - uncounted >= s.max_restarts:
         for line in _table(view, final or {"round": last}, world):
             note(line)
-        note(f"job failed: {why} (restarts used up: {last} of at most {s.max_restarts})")
+        last_line(f"job failed: {why} (restarts used up: {last - uncounted} of at most {s.max_restarts})")
         failing = [c for c in codes if c]
         return failing[0] if failing else 1
-    note(f"{why}; recreating the gang (restart {last + 1} of at most {s.max_restarts})")
-    return (last + 1,)
+    if history:
+        note(history)
+    if uncounted:
+        note(f"{why}; recreating the gang (restart {last + 1}, {last + 1 - uncounted} of at most {s.max_restarts} "
+             "counted)")
+    else:
+        note(f"{why}; recreating the gang (restart {last + 1} of at most {s.max_restarts})")
+    return (last + 1, uncounted)
+
+
+def _uncounted(final: Mapping[str, Any]) -> str:
+    """``; 2 more were disruptions, not counted`` when some of the run's restarts (``round``)
+    were not counted against maxRestarts (``counted``): a lost worker, a membership change."""
+    r, counted = final.get("round"), final.get("counted")
+    if not isinstance(r, int) or not isinstance(counted, int) or counted >= r:
+        return ""
+    return f"; {r - counted} more {'was a disruption' if r - counted == 1 else 'were disruptions'}, not counted"
+
+
+def _elastic_history(view: _View, max_restarts: int) -> str | None:
+    """An elastic run's sizes and what its restarts counted, once its size changed: ``elastic:
+    restart 0 ran 2, restart 1 ran 1, restart 2 ran 2 of 2 workers; 2 restarts, 0 counted ...``."""
+    if not view.elastic or len({tuple(m) for _, m in view.starts}) <= 1:
+        return None
+    sizes, before = [], None
+    for r, members in view.starts:
+        if members != before:
+            sizes.append(f"restart {r} ran {len(members)}")
+        before = members
+    counted = sum(1 for e in view.restarts if not e.get("disruption"))
+    return (f"elastic: {', '.join(sizes)} of {view.workers} workers; {len(view.restarts)} restarts, {counted} counted "
+            f"against maxRestarts (at most {max_restarts}), {view.disruptions} not (lost workers and workers back "
+            "are disruptions)")
 
 
 def _hear_out(observer: agent.Observer, timeout: float = 10.0) -> None:
@@ -857,22 +994,80 @@ def _take(view: _View, event: Mapping[str, Any], note: Any) -> None:
                 note(f"{event.get('message')}; stopping the other ranks")
             else:
                 note(f"{_failed_words(event)}; stopping the other ranks")
+    elif kind == rendezvous.EV_STARTED and isinstance(event.get("round_members"), list):
+        # An elastic round: said here rather than at its ``resize``, which may come in a later
+        # read, so that the shrink is said before the runner starts the lost worker again.
+        members = [int(m) for m in event["round_members"]]
+        before = view.starts[-1][1] if view.starts else list(range(view.workers))
+        view.starts.append((int(r), members))
+        if members != before and not quiet:
+            note(_resize_words(view, int(r), members))
+    elif kind == rendezvous.EV_RESIZE and event.get("next_size") is not None and not quiet:
+        # A worker ready while a smaller round runs: the gang grows.
+        note(f"worker {event.get('member')} is ready: the gang grows from {event.get('size')} to "
+             f"{_workers_word(int(event.get('next_size') or 0))}, every rank restarts in place with it "
+             "(a membership change, not counted against maxRestarts)")
     elif kind == rendezvous.EV_RESTART:
         view.round = int(event.get("next_round", view.round))
-        if not quiet and event.get("reason") == rendezvous.REASON_MEMBER_LOST:
-            note(f"the other ranks restart in place (restart {event.get('next_round')}) once a new worker of "
-                 f"member {event.get('member')} joins")
-        elif not quiet:
-            wait = event.get("backoff_seconds") or 0
-            after = f", after a back-off of {wait:g}s" if wait else ""
-            note(f"restarting the gang (restart {event.get('next_round')} of at most {event.get('max_restarts')}) "
-                 f"in place{after}")
-    elif kind == rendezvous.EV_ALL_RUNNING and event.get("seconds_since_failure") is not None and not quiet:
-        note(f"restart {r}: every rank is running again, {event['seconds_since_failure']:.2f}s after the failure")
+        view.restarts.append(event)
+        if not quiet:
+            note(_restart_words(view, event))
+    elif kind == rendezvous.EV_ALL_RUNNING:
+        view.all_running = int(r)
+        if event.get("seconds_since_failure") is not None and not quiet:
+            grown = bool(view.restarts) and view.restarts[-1].get("reason") == rendezvous.REASON_MEMBERSHIP
+            after = "the gang stopped to grow" if grown else "the failure"
+            note(f"restart {r}: every rank is running again, {event['seconds_since_failure']:.2f}s after {after}")
     elif kind == rendezvous.EV_LOST:
         view.lost[int(event["member"])] = int(r)
+        view.lost_seen[int(event["member"])] = view.lost_seen.get(int(event["member"]), 0) + 1
     elif kind in (rendezvous.EV_SUCCEEDED, rendezvous.EV_FAILED):
         view.final = event
+
+
+def _restart_words(view: _View, event: Mapping[str, Any]) -> str:
+    """The note for a ``restart`` event: what it restarts for, and whether it counts."""
+    n, reason, member = event.get("next_round"), event.get("reason"), event.get("member")
+    if reason == rendezvous.REASON_MEMBER_LOST and view.elastic:
+        return (f"the other ranks restart in place (restart {n}, not counted against maxRestarts: a lost worker is "
+                f"a disruption); the round starts without worker {member} unless it is back within the elastic "
+                f"wait ({view.elastic_wait:g}s)")
+    if reason == rendezvous.REASON_MEMBER_LOST:
+        return f"the other ranks restart in place (restart {n}) once a new worker of member {member} joins"
+    if reason == rendezvous.REASON_MEMBERSHIP:
+        return f"every rank restarts in place (restart {n}): a membership change, not counted against maxRestarts"
+    wait = event.get("backoff_seconds") or 0
+    after = f", after a back-off of {wait:g}s" if wait else ""
+    counted = event.get("counted")
+    if isinstance(counted, int) and isinstance(n, int) and counted < n:
+        # Earlier restarts of the run were disruptions: say what the limit is counted against.
+        other = "1 was a disruption" if n - counted == 1 else f"{n - counted} were disruptions"
+        return (f"restarting the gang (restart {n}, {counted} of at most {event.get('max_restarts')} counted: "
+                f"{other}) in place{after}")
+    return f"restarting the gang (restart {n} of at most {event.get('max_restarts')}) in place{after}"
+
+
+def _resize_words(view: _View, r: int, members: list[int]) -> str:
+    """The note for an elastic round ``r`` that starts with other ``members`` than the round
+    before it: ``restart 1 runs 1 of 2 workers (WORLD_SIZE 1 ...): the gang shrank from 2 to 1
+    worker without worker 1, lost in restart 0 (not counted ...)``."""
+    earlier = [m for rr, m in view.starts if rr < r]
+    text = (f"restart {r} runs {len(members)} of {view.workers} workers (WORLD_SIZE {len(members) * view.procs}, "
+            f"elastic: at least {view.min_workers})")
+    if not earlier:
+        absent = [m for m in range(view.workers) if m not in members]
+        return f"{text}: without {_absences(view, absent)}" if absent else text
+    before = earlier[-1]
+    gone = [m for m in before if m not in members]
+    back = [m for m in members if m not in before]
+    size = f"from {len(before)} to {_workers_word(len(members))}"
+    if gone and not back:
+        return f"{text}: the gang shrank {size} without {_absences(view, gone)}"
+    joined = ", ".join(f"worker {m}" for m in back)
+    if back and not gone:
+        grew = "grew back" if all(m in view.lost for m in back) else "grew"
+        return f"{text}: the gang {grew} {size} with {joined} (a membership change, not counted against maxRestarts)"
+    return f"{text}: the gang went {size}, with {joined}, without {_absences(view, gone)}"
 
 
 def _kill_ranks(view: _View) -> None:
@@ -885,29 +1080,71 @@ def _kill_ranks(view: _View) -> None:
             pass
 
 
-def _replace_lost(plan: _Plan, group: procgroup.ProcGroup, view: _View, note: Any, handled: set[int]) -> list[tuple[str, int]]:
-    """Replaces a worker (not rank 0's) that was killed, as the operator replaces a lost pod: the
-    others restart in place and wait for it. When the restarts are used up every worker is
-    stopped instead, and the loss is returned (why, exit code) to fail the job with."""
+def _replace_lost(plan: _Plan, group: procgroup.ProcGroup, view: _View, note: Any,
+                  handled: set[procgroup.Proc]) -> list[tuple[str, int, int]]:
+    """Handles a worker (not rank 0's) that was killed, as the operator handles a lost pod.
+
+    A fixed size: it is replaced at once, the others restart in place and wait for it; when the
+    restarts are used up every worker is stopped instead, and the loss is returned (why, exit
+    code, the round it was lost in) to fail the job with. An elastic job: the loss is a
+    disruption, never counted (the coordinator's rule, :mod:`.payload.counting`); the gang goes
+    on without the worker after the elastic wait and :func:`_start_again` starts it again."""
     s = plan.job.spec
     for index, proc in enumerate(group.procs):
-        if index == 0 or proc.code is None or id(proc) in handled:
+        if index == 0 or proc.code is None or proc in handled:
             continue
-        handled.add(id(proc))
+        handled.add(proc)
         if proc.returncode is None or proc.returncode >= 0 or proc.stopped:
             continue  # it ended as the coordinator told it: not lost
         deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline and index not in view.lost and view.final is None:
+        while (time.monotonic() < deadline and view.lost_seen.get(index, 0) <= view.lost_handled.get(index, 0)
+               and view.final is None):
             time.sleep(0.05)  # the coordinator's word on it (and any verdict) decides first
             _follow(view, note, s.world_size)
+        view.lost_handled[index] = view.lost_seen.get(index, 0)
         if view.final is not None or group.procs[0].code is not None:
             return []
         what = f"the worker of rank {proc.spec.rank} (pid {proc.pid}) {_how(proc.row())}"
-        restart = view.lost.get(index, view.round) + 1  # the round its loss makes the others restart into
+        lost_in = view.lost.get(index, view.round)
+        if view.elastic:
+            view.absent[index] = lost_in
+            note(f"{what}: worker {index} is lost in restart {lost_in}, a disruption not counted against "
+                 f"maxRestarts; the gang goes on without it (elastic, at least {view.min_workers} of {view.workers} "
+                 f"workers) after the elastic wait ({view.elastic_wait:g}s), then a new worker {index} starts, as the "
+                 "operator creates a pod for a lost one, and the gang grows back when it joins")
+            continue
+        restart = lost_in + 1  # the round its loss makes the others restart into
         if restart > s.max_restarts:
             note(f"{what}; stopping every rank")
+            view.quiet = True  # the agents' restart in place is not news: the runner stops them
             group.stop()
-            return [(what, proc.code or 1)]
+            return [(what, proc.code or 1, lost_in)]
         note(f"{what}; starting a new one in its place (the other ranks restart in place and wait for it)")
         group.respawn(index, _worker_spec(plan, index, restart))
     return []
+
+
+def _start_again(plan: _Plan, group: procgroup.ProcGroup, view: _View, note: Any) -> None:
+    """Starts an elastic job's lost workers again, as the operator creates a pod for a lost one:
+    once the gang runs without them (every rank of a round without them is running: the gang
+    shrank), so that it grows back when they join; at once when fewer than the minimum are left
+    (no round could start without them). A lost worker stands for a lost node, whose pod comes
+    back once the node does, after the elastic wait: a local run goes through what such a job
+    goes through on the cluster, a shrink and then a grow. Started at once instead, the worker
+    would join within the wait and the gang would never run smaller."""
+    if not view.absent or group.procs[0].code is not None:
+        return  # nothing to start again, or the coordinator is gone: the gang with it
+    left = sum(1 for i, p in enumerate(group.procs) if p.code is None and i not in view.absent)
+    latest = view.starts[-1] if view.starts else None
+    for index in sorted(view.absent):
+        shrunk = latest is not None and index not in latest[1] and view.all_running == latest[0]
+        if not shrunk and left >= view.min_workers:
+            continue
+        del view.absent[index]
+        if group.procs[index].code is None:
+            continue
+        why = (f"restart {view.round} runs without it" if shrunk
+               else f"fewer than {view.min_workers} workers are left, no round starts without it")
+        note(f"starting worker {index} again ({why}), as the operator creates a pod for a lost one: the gang grows "
+             "back when it joins")
+        group.respawn(index, _worker_spec(plan, index, view.round))
