@@ -1382,6 +1382,10 @@ STATUS: Final = Obj(
                     Lost pods whose place a spare took in the current attempt (each pod then runs as
                     that pod, labelled with its rank; a new spare replaces it).""")),
                 "attempt": Int(description="The attempt (gang) these spares are of."),
+                "next": Int(description=_d("""
+                    The index the attempt's next spare pod is named with (<job>-<id>-r<attempt>-s<next>):
+                    an index is never used twice in an attempt, so a new spare never takes the name
+                    of one that crashed or took a place.""")),
                 "crashed": Int(description=_d("""
                     Spare pods of the current attempt that ended failing in a row (each deleted):
                     the next one waits a back-off of 10 s, doubling up to 300 s, until a spare is

@@ -300,6 +300,8 @@ class Cluster:
         self.next_pid = 100
         self.watchers: list[Callable[[Pod], None]] = []
         self.created = 0
+        self.names: set[str] = set()  # every pod name ever created
+        self.reused: list[str] = []  # spare names created again once their pod was gone (invariant 7)
         self.scheduling = False
 
     # --- the API ----------------------------------------------------------------------------
@@ -309,6 +311,9 @@ class Cluster:
         name = body["metadata"]["name"]
         if name in self.pods:
             return None
+        if name in self.names and (body["metadata"].get("labels") or {}).get(names.LABEL_SPARE) is not None:
+            self.reused.append(name)
+        self.names.add(name)
         self.next_uid += 1
         pod = Pod(self, copy.deepcopy(body), f"uid-{self.next_uid:05d}")
         self.pods[name] = pod

@@ -19,7 +19,8 @@ the end of a run (:func:`at_end`). Each raises :class:`~.core.Violation` naming 
    phase Running) within :func:`bound`, or it ended (Succeeded, or Failed by rule 2).
 6. agreement: once it trains again, the operator's status says what the coordinator says:
    restarts, disruptions, spares ready, an elastic round's members.
-7. bounded pods: the pods a job creates are bounded by its size and the faults it met.
+7. bounded pods: the pods a job creates are bounded by its size and the faults it met; none is
+   created alone for a member whose place a hot spare holds, and no spare's name is used twice.
 """
 
 from __future__ import annotations
@@ -158,9 +159,30 @@ def _gang_workers(sim: Sim, coordinator: Any) -> dict[int, Any]:
     return {m: w for m, w in out.items() if w is not None}
 
 
+def _beside_spares(sim: Sim, plan: lifecycle.Plan) -> None:
+    """Invariant 7: no pod is created alone for a member whose place a hot spare holds (its agent
+    live, said hello as that member to the gang's running coordinator): such a pod is turned away,
+    and was one pod more than the fault asked for."""
+    if not plan.replace:
+        return
+    for w in sim.coordinators:
+        if w.hub is None or w.exit_code is not None or w.pod.removed:
+            continue
+        m = w.hub.machine
+        holders = {p.name: p for p in sim.cluster.pods.values()}
+        for index, n in plan.replace:
+            pod = holders.get(m.pods.get(index, ""))
+            info = pod.info() if pod is not None else None
+            if (info is not None and info.spare is not None and pod.worker is not None and _live(pod.worker)
+                    and info.restart == w.pod.info().restart):
+                raise Violation(f"invariant 7 (bounded pods): the operator creates replacement {n} of member "
+                                f"{index} alone while hot spare pod {pod.name} holds its place")
+
+
 def on_status(sim: Sim, before: dict[str, Any], after: dict[str, Any], plan: lifecycle.Plan) -> None:
     """Invariant 4 on the operator's side: a gang recreated while every member was live; and a
-    new attempt never waits for a pod on a node judged lost."""
+    new attempt never waits for a pod on a node judged lost. Invariant 7: no pod beside a spare."""
+    _beside_spares(sim, plan)
     waiting = next((c for c in after.get("conditions") or [] if c.get("type") == "Restarting"
                     and c.get("reason") == "WaitingForOldPods"), None)
     was = next((c for c in before.get("conditions") or [] if c.get("type") == "Restarting"), {})
@@ -210,6 +232,10 @@ def at_end(sim: Sim) -> None:
         if fault["kind"] == "spares_crash":  # each spare slot: the back-off's 10 s doubling to 300 s
             d = float(fault.get("duration") or 30.0)
             created_bound += s.get("spares", 0) * (2 + math.ceil(math.log2(1 + d / 10)) + int(d / 300))
+    if sim.cluster.reused:
+        raise Violation(f"invariant 7 (bounded pods): spare pod names used twice in one run: "
+                        f"{sim.cluster.reused} (a spare's name stands for one pod: its Events, logs and "
+                        "status.failure.pod would mean two)")
     if sim.cluster.created > created_bound:
         raise Violation(f"invariant 7 (bounded pods): {sim.cluster.created} pods created (bound {created_bound})")
     if phase in ("Succeeded", "Failed"):

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from monarch_spmd.payload import fence
-from spmd_operator.lifecycle import inplace
+from spmd_operator.lifecycle import inplace, spares
 
 from .core import Violation
 from .sim import run
@@ -48,7 +48,7 @@ REGRESSIONS: dict[str, Regression] = {r.defect: r for r in (
         "a lost member's peers are blamed",
         "the root cause is the earliest failure more than CONSEQUENCE_SECONDS before the round's first "
         "disruption; losses are dated by the member's leave or when it was last heard (counting.root_cause)",
-        _base(seed=200, procs=2, spares=1, faults=DRAIN),
+        _base(seed=1, procs=2, spares=1, faults=DRAIN),
         "invariant 2", _mutation("losses sort after every failure")),
     Regression(
         "a pod deleted counts against maxRestarts",
@@ -87,7 +87,7 @@ REGRESSIONS: dict[str, Regression] = {r.defect: r for r in (
     Regression(
         "a spare lost between its assign and its hello strands the place until the join timeout",
         "the place is free again ASSIGN_SECONDS after it was given (takeover.Takeovers._assignments)",
-        _base(seed=1, pods=4, spares=1, faults=DRAIN),
+        _base(seed=2, pods=4, spares=1, faults=DRAIN),
         "invariant 5", _mutation("a spare's place waits forever")),
     Regression(
         "a coordinator that lost a member by silence never starts a round again",
@@ -113,6 +113,20 @@ REGRESSIONS: dict[str, Regression] = {r.defect: r for r in (
             {"t": 5.0, "kind": "partition", "target": 0, "duration": 8.5}, {"t": 5.0, "kind": "delete", "target": 2},
             {"t": 11.1, "kind": "delete", "target": 3}, {"t": 25.0, "kind": "delete", "target": 0}]),
         "invariant 3", lambda mp: mp.setattr(inplace, "of_pod", lambda event, pod: True)),
+    Regression(
+        "a pod is created alone for a member a spare took two rounds before",
+        "a takeover holds the member's place however many rounds ago it was; only a failure of the "
+        "spare's own pod is a later loss (lifecycle.inplace._of_spare)",
+        _base(seed=989181, pods=3, spares=2, extra_nodes=2, train=60.0, faults=[
+            {"t": 6.8, "kind": "operator", "duration": 17.9}, {"t": 7.3, "kind": "delete", "target": 1},
+            {"t": 9.6, "kind": "delete", "target": 2}]),
+        "invariant 7", lambda mp: mp.setattr(
+            inplace, "_of_spare", lambda p, f, took: not inplace.recent(inplace.view(p), took))),
+    Regression(
+        "a spare made after a crashed one is given the crashed one's name",
+        "the attempt's next spare index is kept in status.spares.next (lifecycle.spares.next_index)",
+        _base(seed=1, spares=1, train=120.0, faults=[{"t": 0.1, "kind": "spares_crash", "target": 0, "duration": 90.0}]),
+        "invariant 7", lambda mp: mp.setattr(spares, "next_index", lambda p, gang, used: max(used, default=-1) + 1)),
 )}
 
 

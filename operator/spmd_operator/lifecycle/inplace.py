@@ -290,6 +290,13 @@ def recent(v: CoordinatorView, event: Mapping[str, Any]) -> bool:
     return (_int(event.get("round"), -1) or 0) >= (v.round or 0) - 1
 
 
+def _of_spare(p: Pass, f: Failure, took: Mapping[str, Any]) -> bool:
+    """Whether failure ``f`` is of the pod of the spare that ``took`` the place (not of the pod
+    that lost it)."""
+    spare = _int(took.get("spare"))
+    return spare is not None and f.pod == names.spare_pod_name(p.o.job, p.gang, spare)
+
+
 def _taken_over(p: Pass, member: int, event: Mapping[str, Any], took: Mapping[str, Any]) -> Failure:
     """The restart of a member whose place a hot spare took: a disruption, never a recreation."""
     spare = _int(took.get("spare"))
@@ -590,8 +597,11 @@ def replace_lost(p: Pass, found: list[Failure]) -> bool:
         index = p.index_of_rank(f.rank)
         pod = current.get(index)
         took = _takeover(p, index)
-        if index != 0 and took is not None and recent(v, took):
-            continue  # a hot spare took its place (spares.tend adopts its pod)
+        if index != 0 and took is not None and not _of_spare(p, f, took):
+            # A hot spare took its place (spares.tend adopts its pod), however many rounds ago:
+            # the operator may hear of two takeovers in two rounds in one pass. A failure of the
+            # spare's own pod is a later loss, answered by the coordinator's next ``lost``.
+            continue
         if p.elastic and index != 0 and not f.permanent and f.reason in NODE_LOSS_REASONS and pod is not None \
                 and pod.name == f.pod:
             # An elastic gang goes on without it: a new pod (a new name) is created for its place at

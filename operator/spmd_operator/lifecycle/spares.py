@@ -78,8 +78,10 @@ def tend(p: Pass) -> None:
         found = _SPARE_NAME.search(pod.name) if pod.restart == gang else None
         if found:
             used.add(int(found.group(1)))  # an adopted spare's name stays its own
+    first = next_index(p, gang, used)
     ready = v.spares_ready if v is not None and v.spares_ready is not None else 0
-    record = {"ready": ready, "used": len(taken), **_crashes(p, gang, waiting.values(), ready)}
+    record = {"ready": ready, "used": len(taken), "attempt": gang, "next": first,
+              **_crashes(p, gang, waiting.values(), ready)}
     p.new["spares"] = record
     if not p.create and not any(pod.restart == gang for pod in o.pods):
         return  # the attempt's pods are not there yet: its spares come with them
@@ -88,9 +90,19 @@ def tend(p: Pass) -> None:
     if missing > 0 and retry is not None and p.now < retry:
         p.requeue.append((retry - p.now).total_seconds())  # spares crash: the next one waits
     elif missing > 0:
-        first = max(used, default=-1) + 1
         p.spares.extend(range(first, first + missing))
         p.spare_restart = gang
+        record["next"] = first + missing
+
+
+def next_index(p: Pass, gang: int, used: Iterable[int]) -> int:
+    """The index of attempt ``gang``'s next spare: above every one in use or listed, and never
+    below the status's ``next``: the pods deleted long ago are no longer listed (o.gone keeps
+    recent ones only), and a spare's name must never be one a pod had."""
+    before = p.o.status.get("spares") or {}
+    floor = before.get("next") if before.get("attempt") == gang else 0
+    floor = floor if isinstance(floor, int) and not isinstance(floor, bool) else 0
+    return max(max(used, default=-1) + 1, floor)
 
 
 def _crashes(p: Pass, gang: int, waiting: Iterable[PodInfo], ready: int) -> dict[str, Any]:

@@ -55,7 +55,7 @@ def test_a_spare_that_took_a_lost_pods_place_is_adopted_and_its_restart_is_a_dis
     assert plan.adopt == ((names.spare_pod_name(JOB, 0, 0), 2, 1),)
     assert plan.replace == () and plan.create == () and plan.delete_pods == ()
     assert plan.spares == (1,), "a new spare, with an index of its own"
-    assert new["spares"] == {"ready": 0, "used": 1}
+    assert new["spares"] == {"ready": 0, "used": 1, "attempt": 0, "next": 2}  # s0 took the place, s1 comes
     [warning] = [e.message for e in plan.events if e.reason == "Restarting"]
     assert "not counted against maxRestarts" in warning and "with the spare in its place" in warning
 
