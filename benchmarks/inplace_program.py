@@ -6,7 +6,9 @@
 thousand ranks hold a few MiB each and no CPU while the benchmark measures the agents.
 
 ``--mode steps``: a rank that works in steps of ``--step`` seconds, printing one line per step
-(progress for the progress timeout) and, with ``--watchdog SECONDS``, arming torchrun's file timer
+(progress for the progress timeout). With ``--ready-dir``, the ranks of a restart step together as
+a collective would make them: each waits for every rank's previous step (files in the folder), so
+one rank stopped stops the gang's output, as a hang in training does. With ``--watchdog SECONDS``, arming torchrun's file timer
 around each step: one JSON request line per acquire and release on TORCHELASTIC_TIMER_FILE, the
 exact format torch's FileTimerClient writes (written here with the standard library, so the
 benchmark does not import torch into every rank; tests/lib/test_agent.py uses torch's own client).
@@ -57,7 +59,32 @@ def main(argv: list[str] | None = None) -> int:
         if opts.watchdog:
             timer_request(path, "step", -1, 0)
         step += 1
+        if opts.ready_dir:
+            barrier(opts.ready_dir, restart, rank, step)
         print(f"rank {rank} step {step}", flush=True)
+
+
+def barrier(folder: str, restart: str, rank: str, step: int) -> None:
+    """Step ``step`` of this rank, once every rank of the restart finished the one before: a
+    collective's coupling, with files (no torch in the benchmark's ranks)."""
+    folder = os.path.join(folder, "steps")  # beside the pid files, not among them
+    os.makedirs(folder, exist_ok=True)
+    mine = os.path.join(folder, f"{restart}.{rank}")
+    with open(mine + ".tmp", "w") as f:
+        f.write(str(step))
+    os.replace(mine + ".tmp", mine)
+    world = int(os.environ["WORLD_SIZE"])
+    while True:
+        steps = []
+        for r in range(world):
+            try:
+                with open(os.path.join(folder, f"{restart}.{r}")) as f:
+                    steps.append(int(f.read() or 0))
+            except (FileNotFoundError, ValueError):
+                steps.append(0)
+        if min(steps) >= step - 1:
+            return
+        time.sleep(0.02)
 
 
 if __name__ == "__main__":

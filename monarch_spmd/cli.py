@@ -92,7 +92,8 @@ def _run_parser() -> argparse.ArgumentParser:
         help=f"seconds between SIGTERM and SIGKILL when stopping ranks (default {runner.DEFAULT_GRACE_PERIOD:g})",
     )
     p.add_argument("--progress-timeout", type=float, metavar="SECONDS",
-                   help="a rank that writes nothing for this long fails (reason NoProgress) and the gang restarts "
+                   help="when no rank writes anything for this long the gang is hung: the rank to blame fails "
+                   "(reason NoProgress) and the gang restarts "
                    "(spec.restartPolicy.progressTimeoutSeconds; default off)")
     p.add_argument("--elastic-wait", type=int, metavar="SECONDS",
                    help="an elastic job (--nnodes MIN:MAX): how long a round with at least MIN nodes waits for "

@@ -285,7 +285,7 @@ class JobSpec:
             pods before it is created anyway.
         restart_mode: ``InPlace`` (the agents restart the processes in the same pods) or
             ``RecreatePods`` (every pod is deleted and created again).
-        progress_timeout_seconds: in place, a rank silent this long is hung (NoProgress); None: off.
+        progress_timeout_seconds: in place, a gang silent this long is hung (NoProgress); None: off.
         backoff_seconds, max_backoff_seconds, backoff_reset_seconds: in place, the back-off between
             restarts in a row, its ceiling, and the healthy stretch that resets it.
         join_timeout_seconds: in place, how long a restart may wait for every pod at its barrier.
@@ -936,9 +936,10 @@ RESTART_POLICY: Final = Obj(
         "progressTimeoutSeconds": Int(
             minimum=1, maximum=MAX_PROGRESS_TIMEOUT,
             description=_d(f"""
-                With mode {RESTART_IN_PLACE}: a rank that writes nothing (no byte on stdout or
-                stderr) for this many seconds is hung: it is killed and the gang restarts (reason
-                NoProgress, naming the rank and its last line). For scripts that do not arm
+                With mode {RESTART_IN_PLACE}: when no rank of the gang writes anything (no byte on
+                stdout or stderr) for this many seconds, the gang is hung: the rank to blame is
+                killed and the gang restarts (reason NoProgress, naming the rank and its last
+                line). A script that prints on rank 0 only is not hung while rank 0 prints. For scripts that do not arm
                 torchrun's watchdog (TORCHELASTIC_ENABLE_FILE_TIMER=1 in the trainer's env, with
                 torch.distributed.elastic.timer.expires), which is honoured either way (reason
                 WatchdogTimeout). 1..{MAX_PROGRESS_TIMEOUT}. Unset (default): off."""),

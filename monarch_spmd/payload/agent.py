@@ -501,12 +501,24 @@ class Agent:
         if self.watchdog is not None:
             self._check_timers()
         if (self.s.progress_timeout > 0 and not self.group.stop_deadline and self.capture is None
-                and self.hang_pending is None):
+                and self.hang_pending is None and now - self._gang_output() >= self.s.progress_timeout):
+            # The gang wrote nothing for the timeout: its rank silent longest here is named.
             silent = [p for p in self.group.running()
                       if now - p.last_output >= self.s.progress_timeout and p.reason is None]
             for proc in sorted(silent, key=lambda p: p.last_output)[:1]:  # the one silent longest
                 self._hung(proc, rendezvous.REASON_NO_PROGRESS, "went silent first", self._silence)
         return alive
+
+    def _gang_output(self) -> float:
+        """When a rank of the gang last wrote output (monotonic): this pod's ranks' newest line,
+        or a later one of any rank of the round as the coordinator's heartbeats tell it. Silence
+        is judged for the gang: a rank whose peers print while its collectives complete (rank 0
+        logs, the others say nothing) is not hung."""
+        assert self.group is not None
+        own = max((p.last_output for p in self.group.procs), default=0.0)
+        link = self.link
+        gang = link.gang_output if link is not None and not link.closed and link.gang_output is not None else 0.0
+        return max(own, gang)
 
     def _silence(self, proc: procgroup.Proc) -> str:
         """The progress timeout's words about a rank: how long it has been silent, its last line."""
@@ -757,7 +769,9 @@ class Agent:
             if running:
                 now = time.monotonic()
                 stalest = min(running, key=lambda p: p.last_output)
-                beat.update(idle=round(now - stalest.last_output, 3), rank=stalest.spec.rank,
+                freshest = max(p.last_output for p in running)
+                beat.update(idle=round(now - stalest.last_output, 3), fresh=round(now - freshest, 3),
+                            rank=stalest.spec.rank,
                             line=rendezvous.cut(stalest.last_line[-200:], rendezvous.MAX_OUTPUT_LINE)
                             if self.s.output_in_failures else "")
         link.send(beat)

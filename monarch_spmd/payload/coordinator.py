@@ -81,6 +81,9 @@ class Coordinator(History, Fencing, Takeovers, Elastic, Capturing):
         self.first_failure_at: float | None = None
         self.all_running_at: float | None = None
         self.idle: dict[int, tuple[float, int | None, str]] = {}
+        #: When each member's ranks last wrote output, the newest of them (its heartbeat's ``fresh``):
+        #: the gang makes progress while any rank does (:meth:`since_output`).
+        self.output_at: dict[int, float] = {}
         self.last_progress_event = self.now
         self.outcome: dict[str, Any] | None = None
         self._cause: dict[str, Any] | None = None
@@ -262,6 +265,7 @@ class Coordinator(History, Fencing, Takeovers, Elastic, Capturing):
             at = self.wall() - max(0.0, now - heard) if heard is not None else self.wall()
         incarnation = self.incarnations.pop(member)
         self.idle.pop(member, None)
+        self.output_at.pop(member, None)
         self.departing[(member, incarnation)] = now + self._fence(reason)
         out = [self._event(EV_LOST, member=member, reason=reason, node=self.nodes.get(member, ""),
                            pod=self.pods.get(member, ""))]
@@ -299,12 +303,25 @@ class Coordinator(History, Fencing, Takeovers, Elastic, Capturing):
         return out
 
     def heartbeat(self, member: int, now: float, *, idle: float | None = None, rank: int | None = None,
-                  line: str = "") -> list[Out]:
-        """A member's heartbeat: ``idle`` is the seconds since its stalest rank's last output."""
+                  line: str = "", fresh: float | None = None) -> list[Out]:
+        """A member's heartbeat: ``idle`` is the seconds since its stalest rank's last output,
+        ``fresh`` since its freshest's."""
         self._clock(now)
         if idle is not None and member in self.incarnations:
             self.idle[member] = (float(idle), rank, line)
+        if fresh is not None and member in self.incarnations:
+            self.output_at[member] = now - float(fresh)
         return []
+
+    def since_output(self, now: float) -> float | None:
+        """Seconds since any rank of the running round last wrote output, as the members' latest
+        heartbeats tell it (None: not running, or no member said). A gang makes progress while
+        any of its ranks does: most scripts print on rank 0 only, and the others, silent, are not
+        hung while their collectives complete."""
+        live = [at for m, at in self.output_at.items() if m in self.round_members]
+        if self.phase != RUNNING_PHASE or not live:
+            return None
+        return max(0.0, now - max(live))
 
     def tick(self, now: float) -> list[Out]:
         """Deadlines: the back-off's end, a round that does not close, members that do not stop."""

@@ -144,7 +144,9 @@ class Hub:
         if now - self.last_beat < rendezvous.HEARTBEAT_INTERVAL:
             return
         self.last_beat = now
-        beat = rendezvous.encode({"type": rendezvous.HEARTBEAT})
+        since = self.machine.since_output(now)
+        beat = rendezvous.encode({"type": rendezvous.HEARTBEAT} if since is None else
+                                 {"type": rendezvous.HEARTBEAT, "progress": round(since, 3)})
         for peer in list(self.peers):
             if peer.open and peer.role in (rendezvous.ROLE_MEMBER, rendezvous.ROLE_SPARE, DEPARTING):
                 self.send(peer, beat)
@@ -219,7 +221,8 @@ class Hub:
         elif kind == rendezvous.LEAVE:
             self.leave(peer, now, message.get("at"))
         elif kind == rendezvous.HEARTBEAT:
-            self.apply(m.heartbeat(member, now, idle=message["idle"], rank=message["rank"], line=message["line"]))
+            self.apply(m.heartbeat(member, now, idle=message["idle"], rank=message["rank"], line=message["line"],
+                                   fresh=message.get("fresh")))
 
     def _hello(self, peer: Peer, message: dict[str, Any], now: float) -> None:
         if message["type"] != rendezvous.HELLO:

@@ -67,6 +67,9 @@ class Link:
         self.broken = False
         self.heard = time.monotonic()
         self.sent = time.monotonic()
+        #: When a rank of the gang last wrote output, as the coordinator's latest heartbeat said
+        #: (monotonic; None: it has not said).
+        self.gang_output: float | None = None
 
     @classmethod
     def connect(cls, addr: str, port: int, deadline: float, should_stop: Callable[[], bool]) -> Link:
@@ -124,7 +127,13 @@ class Link:
             return
         self.heard = time.monotonic()
         try:
-            self.inbox.extend(m for m in self.lines.feed(data) if m["type"] != rendezvous.HEARTBEAT)
+            for m in self.lines.feed(data):
+                if m["type"] != rendezvous.HEARTBEAT:
+                    self.inbox.append(m)
+                    continue
+                since = m.get("progress")
+                if isinstance(since, (int, float)) and not isinstance(since, bool) and 0 <= since < 1e9:
+                    self.gang_output = self.heard - float(since)
         except rendezvous.ProtocolError:
             self.close()
 

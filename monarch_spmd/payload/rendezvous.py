@@ -349,7 +349,7 @@ def check_member_message(message: Mapping[str, Any]) -> dict[str, Any]:
     kind = message.get("type")
     if kind == HEARTBEAT:
         return {"type": kind, "idle": _number(message, "idle"), "rank": _int(message, "rank", 0, MAX_INT, optional=True),
-                "line": _str(message, "line", MAX_OUTPUT_LINE) or ""}
+                "line": _str(message, "line", MAX_OUTPUT_LINE) or "", "fresh": _number(message, "fresh")}
     if kind == LEAVE:
         return {"type": kind, "at": _number(message, "at")}
     if kind not in (JOIN, RUNNING, FAILURE, EXITED, HANG, FROZEN, STACKS):

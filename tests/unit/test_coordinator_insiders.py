@@ -145,7 +145,7 @@ def valid_message(rng: random.Random, kind: str, r: int) -> dict[str, Any]:
     elif kind == rv.LEAVE:
         m["at"] = _number(rng)
     elif kind == rv.HEARTBEAT:
-        m.update(idle=_number(rng), rank=_oint(rng), line=_text(rng, rv.MAX_OUTPUT_LINE))
+        m.update(idle=_number(rng), fresh=_number(rng), rank=_oint(rng), line=_text(rng, rv.MAX_OUTPUT_LINE))
     elif kind == rv.HANG:
         m.update(rank=rng.choice([0, 1, rv.MAX_INT]), reason=rng.choice(rv.HANG_REASONS),
                  message=_text(rng, rv.MAX_TEXT), at=_number(rng))
@@ -191,7 +191,7 @@ _FIELDS: dict[str, dict[str, str]] = {
     rv.FAILURE: {"round": "round", "rank": "oint", "local_rank": "oint", "pid": "oint", "exit_code": "code",
                  "returncode": "rc", "signal": "str", "reason": "str", "message": "str", "tail": "lines", "at": "num"},
     rv.LEAVE: {"at": "num"},
-    rv.HEARTBEAT: {"idle": "num", "rank": "oint", "line": "str"},
+    rv.HEARTBEAT: {"idle": "num", "fresh": "num", "rank": "oint", "line": "str"},
     rv.HANG: {"round": "round", "rank": "int", "reason": "hang_reason", "message": "str", "at": "num"},
     rv.STACKS: {"round": "round", "detail": "bool"},
 }
