@@ -272,7 +272,7 @@ class Coordinator(History, Fencing, Takeovers, Elastic, Capturing):
         if reason in (LOST_DISCONNECTED, LOST_HEARTBEAT) and member != 0:
             self.member_silent_at = now
         # A member superseded has its new incarnation: no spare takes its place.
-        takeover = [] if reason == LOST_SUPERSEDED else self._take_over(member)
+        takeover = [] if reason == LOST_SUPERSEDED else self._take_over(member, reason)
         out.extend(takeover)
         gone = f"member {member}'s agent is gone ({reason})"
         if takeover:

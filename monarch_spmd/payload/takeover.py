@@ -11,7 +11,8 @@ it would supersede the spare and restart the gang once more for nothing. The los
 from __future__ import annotations
 
 from .rendezvous import (ASSIGN, ASSIGN_SECONDS, EV_SPARE, EV_TAKEOVER, FAIL, FAILED, FINISH, FINISHED,
-                         LOST_SUPERSEDED, MAX_NAME, ROLE_SPARE, VERSION, WELCOME, Out, cut)
+                         LOST_DISCONNECTED, LOST_HEARTBEAT, LOST_SUPERSEDED, MAX_NAME, ROLE_SPARE, VERSION, WELCOME,
+                         Out, cut)
 
 
 class Takeovers:
@@ -30,6 +31,9 @@ class Takeovers:
         self.assigned: dict[int, tuple[int, float]] = {}
         self.spare_held: dict[int, tuple[int, str]] = {}
         self.takeovers = 0
+        #: Nodes of members lost without a word (their connection broke or fell silent): the
+        #: node may be gone with them, and a spare there with it (:meth:`_take_over`).
+        self.suspect_nodes: set[str] = set()
 
     def _arrived(self, member: int, incarnation: str, spare: int | None) -> None:
         """Member ``member``'s hello as ``incarnation``; ``spare``: the spare it was. The spare
@@ -69,12 +73,23 @@ class Takeovers:
         _, node = self.spares.pop(spare)
         return [self._event(EV_SPARE, spare=spare, node=node, state="gone", ready=len(self.spares))]
 
-    def _take_over(self, member: int) -> list[Out]:
-        """Member ``member`` is lost: the lowest ready spare takes its place (``assign``), and joins
-        the next round as that member. Member 0 runs the coordinator: its loss ends the gang."""
+    def _take_over(self, member: int, reason: str | None = None) -> list[Out]:
+        """Member ``member`` is lost (``reason``: how): the lowest ready spare on another node takes
+        its place (``assign``), and joins the next round as that member. Member 0 runs the
+        coordinator: its loss ends the gang. A member lost without a word (its connection broke or
+        fell silent) may have lost its node: no spare on that node, nor on one of an earlier such
+        loss, is given a place (a frozen node's spare is silent a moment later than its member; given
+        the place it would never arrive). A member that left (a pod deleted) may be followed by a
+        spare on its own node, when no other is ready."""
         if member == 0 or not self.spares or self.phase in (FINISHED, FAILED):
             return []
-        spare = min(self.spares)
+        here = self.nodes.get(member, "")
+        if reason in (LOST_DISCONNECTED, LOST_HEARTBEAT) and here:
+            self.suspect_nodes.add(here)
+        fit = [s for s, (_, node) in self.spares.items() if not node or node not in self.suspect_nodes]
+        if not fit:
+            return []  # every ready spare may be lost with the member: the operator replaces it
+        spare = min(fit, key=lambda s: (bool(here) and self.spares[s][1] == here, s))
         _, node = self.spares.pop(spare)
         self.taken_over.add(member)
         self.assigned[member] = (spare, self.now + ASSIGN_SECONDS)

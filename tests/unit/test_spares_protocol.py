@@ -59,6 +59,51 @@ def test_a_loss_with_no_spare_ready_waits_and_the_next_spare_to_come_takes_it():
     assert c.spare_hello(1, "s1", 8.0) and not c.taken_over - {1}
 
 
+def _gang_on_nodes() -> rv.Coordinator:
+    """Three members: member 0 on node-a, members 1 and 2 on node-b (their hellos say so)."""
+    c = running_gang()
+    for m, node in ((0, "node-a"), (1, "node-b"), (2, "node-b")):
+        c.incarnations.pop(m)
+        c.hello(m, f"inc-{m}", 1.5, node=node)
+    return c
+
+
+@pytest.mark.parametrize("reason", [rv.LOST_DISCONNECTED, rv.LOST_HEARTBEAT])
+def test_a_member_lost_without_a_word_is_never_taken_over_by_a_spare_on_its_own_node(reason):
+    # A frozen node: its member's connection breaks a moment before its spare's. The spare there
+    # would never arrive; the lower index does not matter, the one on another node takes the place.
+    c = _gang_on_nodes()
+    c.spare_hello(0, "s0", 2.0, node="node-b")
+    c.spare_hello(1, "s1", 2.0, node="node-c")
+    outs = c.lost(1, reason, 5.0)
+    [takeover] = events(outs, rv.EV_TAKEOVER)
+    assert (takeover["spare"], takeover["node"]) == (1, "node-c"), takeover
+    # Member 2 on the same node, lost a moment later: the spare on node-b is not given its place
+    # either (the node is suspect), and no spare is ready elsewhere: the operator replaces it.
+    assert not events(c.lost(2, reason, 5.5), rv.EV_TAKEOVER) and list(c.spares) == [0]
+
+
+def test_only_a_spare_on_the_silent_members_node_takes_no_place_and_a_spare_elsewhere_later_does():
+    c = _gang_on_nodes()
+    c.spare_hello(0, "s0", 2.0, node="node-b")
+    assert not events(c.lost(1, rv.LOST_HEARTBEAT, 5.0), rv.EV_TAKEOVER)
+    outs = c.spare_hello(1, "s1", 6.0, node="node-c")  # a new spare, on a healthy node
+    assert to(outs, "spare:1")[-1] == {"type": rv.ASSIGN, "member": 1, "round": 0}
+
+
+def test_a_member_that_left_may_be_followed_by_a_spare_on_its_own_node_when_none_is_elsewhere():
+    # A pod deleted: its agent said leave, its node is fine. Another node's spare is still preferred.
+    c = _gang_on_nodes()
+    c.spare_hello(0, "s0", 2.0, node="node-b")
+    [takeover] = events(c.lost(1, rv.LOST_LEFT, 5.0), rv.EV_TAKEOVER)
+    assert (takeover["spare"], takeover["node"]) == (0, "node-b")
+    c = _gang_on_nodes()
+    c.spare_hello(0, "s0", 2.0, node="node-b")
+    c.spare_hello(1, "s1", 2.0, node="node-c")
+    [takeover] = events(c.lost(1, rv.LOST_LEFT, 5.0), rv.EV_TAKEOVER)
+    assert (takeover["spare"], takeover["node"]) == (1, "node-c")
+
+
 def test_member_zero_is_never_taken_over_it_runs_the_coordinator():
     c = running_gang()
     c.spare_hello(0, "s0", 2.0)
