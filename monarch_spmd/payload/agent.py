@@ -673,18 +673,25 @@ class Agent:
             self.watchdog.timers.clear([request.pid])
             if proc is None or self.capture is not None or self.hang_pending is not None:
                 continue  # not a process of this agent's round, or its stack is being (or about to be) taken
-            # The rank gets its timer's signal (SIGKILL by default, as torchrun's agent sends it);
-            # a timer whose signal is SIGABRT lets the capture take the rank's own stack too.
+            # Where stacks can be taken, the rank's own is taken with the gang's before it ends: a
+            # rank whose timer expired is often one that only waits for the culprit, and killed
+            # first (its timer's signal, SIGKILL by default, as torchrun's agent sends it) it
+            # would show no stack, leaving the rule only the culprit's and naming the wrong rank.
+            # Otherwise (not a Python rank, a round already stopping) it gets its timer's signal.
             own = request.pid == proc.pid
-            abort = own and request.signal == signal.SIGABRT and self.stacks and not self.group.stop_deadline
+            abort = (own and self.stacks and not self.group.stop_deadline
+                     and isinstance(self.group, hangs.CapturingGroup))
+            name = procgroup.signal_name(-request.signal) or str(request.signal)
             if not abort:
                 try:
                     os.kill(request.pid, request.signal)
                 except OSError:
                     pass
-            name = procgroup.signal_name(-request.signal) or str(request.signal)
+                ended = f"killed with {name}"
+            else:
+                ended = f"its stack taken with the gang's before it ends (instead of {name})"
             message = (f"watchdog timer {request.scope_id!r} of rank {proc.spec.rank} (pid {request.pid}) expired; "
-                       f"killed with {name}")
+                       f"{ended}")
             self._hung(proc, rendezvous.REASON_WATCHDOG, "whose watchdog timer expired",
                        lambda p, m=message, hung=proc: m if p is hung else self._quiet(p),
                        exempt=proc if own and not abort else None)
