@@ -67,7 +67,7 @@ class Creator:
         and those they saw deleted since (they may be created again at once)."""
         if not loop.created:
             return
-        for child in (*o.pods, *o.services, *o.podgroups):
+        for child in (*o.pods, *o.spares, *o.services, *o.podgroups):
             loop.created.pop(child.name, None)
         for name, when in list(loop.created.items()):
             if any((inf.deleted_at(loop.key, name) or 0.0) > when for inf in informers):

@@ -165,6 +165,7 @@ class View:
             status=body.get("status") or {},
             pods=pods,
             spares=tuple(p for p in owned if p.spare is not None),
+            creating=frozenset(loop.created) - {p.name for p in owned},
             gone=tuple(p for p in self.pods.gone(job.key, job.uid) if p.spare is None),
             services=tuple(self.services.get(job.key, job.uid)),
             configmap=configmap,

@@ -511,6 +511,9 @@ class Observed:
     coordinator: CoordinatorView | None = None
     now: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc))
     spares: tuple[PodInfo, ...] = ()
+    #: Names of children this operator created that its informers do not show yet (a create's
+    #: answer comes before the watch's event): a pass counts them as there.
+    creating: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from typing import Any, Final
 
 from monarch_spmd.spec import JobSpec
 
+from .. import names
 from . import gang as _gang
 from . import inplace
 from .model import FAILED, PENDING, RESTARTING, RUNNING, PodInfo, format_time, parse_time
@@ -79,13 +80,21 @@ def tend(p: Pass) -> None:
         if found:
             used.add(int(found.group(1)))  # an adopted spare's name stays its own
     first = next_index(p, gang, used)
+    # Spares created by an earlier pass that the informer does not show yet: there, not missing.
+    coming = [i for i in range(first) if names.spare_pod_name(o.job, gang, i) in o.creating]
     ready = v.spares_ready if v is not None and v.spares_ready is not None else 0
     record = {"ready": ready, "used": len(taken), "attempt": gang, "next": first,
               **_crashes(p, gang, waiting.values(), ready)}
     p.new["spares"] = record
     if not p.create and not any(pod.restart == gang for pod in o.pods):
         return  # the attempt's pods are not there yet: its spares come with them
-    missing = p.spec.spares - sum(1 for s in waiting.values() if not s.finished)
+    alive = sorted((s for s in waiting.values() if not s.finished), key=lambda s: s.spare or 0)
+    if len(alive) > p.spec.spares:
+        # More spares than spec.spares (two passes raced an informer that lagged): the newest go,
+        # so the job holds no more pods than its Workload and quota count. (One still on its way
+        # is judged once it is shown.)
+        p.delete_pods.extend(s.name for s in alive[p.spec.spares:] if s.name not in p.delete_pods)
+    missing = p.spec.spares - len(alive) - len(coming)
     retry = parse_time(record.get("retryTime"))
     if missing > 0 and retry is not None and p.now < retry:
         p.requeue.append((retry - p.now).total_seconds())  # spares crash: the next one waits

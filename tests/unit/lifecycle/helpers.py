@@ -52,7 +52,8 @@ def status(phase, restarts=0, **kw):
 
 
 def run(s=None, st=None, pods=(), now=NOW, generation=1, services=None, configmap=lifecycle.CONFIGMAP_CURRENT,
-        rejection=None, gone=(), podgroups=(), workload=None, outdated=(), coordinator=None, spares=()):
+        rejection=None, gone=(), podgroups=(), workload=None, outdated=(), coordinator=None, spares=(),
+        creating=()):
     """One pass. By default the current attempt's Service exists and the ConfigMap is current."""
     st = st or {}
     if services is None:
@@ -60,7 +61,7 @@ def run(s=None, st=None, pods=(), now=NOW, generation=1, services=None, configma
     o = Observed(job=JOB, generation=generation, spec=s or spec(), status=st, pods=tuple(pods), gone=tuple(gone),
                  services=tuple(services), configmap=configmap, rejection=rejection, now=now,
                  podgroups=tuple(podgroups), workload=workload, outdated=tuple(outdated), coordinator=coordinator,
-                 spares=tuple(spares))
+                 spares=tuple(spares), creating=frozenset(creating))
     return lifecycle.reconcile(o)
 
 

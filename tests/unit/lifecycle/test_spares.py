@@ -36,6 +36,28 @@ def test_a_running_gang_with_fewer_spares_waiting_gets_new_ones_with_unused_indi
     assert run(s=spec(spares=1), st=st, pods=gang("Running"), spares=[spare(0)]).spares == ()
 
 
+def test_a_spare_created_by_the_pass_before_and_not_yet_shown_by_the_informer_is_not_made_again():
+    # The pass before created s1 (status.spares.next 2); the pod informer shows only s0 yet.
+    st = {**status("Running"), "spares": {"ready": 1, "used": 0, "attempt": 0, "next": 2}}
+    s1 = names.spare_pod_name(JOB, 0, 1)
+    plan = run(s=spec(spares=2), st=st, pods=gang("Running"), spares=[spare(0)], creating=[s1])
+    assert plan.spares == () and plan.delete_pods == (), "s1 is on its way: none is missing"
+    assert run(s=spec(spares=2), st=st, pods=gang("Running"), spares=[spare(0)]).spares == (2,), \
+        "gone without a trace (never shown, no longer remembered): a new index"
+
+
+def test_spares_beyond_spec_spares_are_deleted_newest_first():
+    # Two passes raced a lagging informer and made s1 and s2 for one missing spare: the job would
+    # hold a pod more than its Workload and its quota count.
+    st = {**status("Running"), "spares": {"ready": 2, "used": 1, "attempt": 0, "next": 3}}
+    plan = run(s=spec(spares=1), st=st, pods=gang("Running"), spares=[spare(1), spare(2)])
+    assert plan.delete_pods == (names.spare_pod_name(JOB, 0, 2),) and plan.spares == ()
+    # One still on its way: nothing more is made, and nothing goes until it is shown.
+    plan = run(s=spec(spares=1), st=st, pods=gang("Running"), spares=[spare(1)],
+               creating=[names.spare_pod_name(JOB, 0, 2)])
+    assert plan.delete_pods == () and plan.spares == ()
+
+
 def test_a_spare_that_took_a_lost_pods_place_is_adopted_and_its_restart_is_a_disruption():
     """maxRestarts 0 and the job goes on: the loss is a disruption, pod 2 is neither created again
     alone nor the gang recreated, the spare's pod becomes pod 2's replacement and a new spare comes."""
