@@ -250,6 +250,12 @@ class Coordinator(History, Fencing, Takeovers, Elastic, Capturing):
         members (an elastic round may have had fewer than the gang: the others are no part of it)."""
         return {"type": FINISH, "round": self.round, "members": sorted(self.round_members)}
 
+    def finished_its_part(self, member: int) -> bool:
+        """Whether ``member``'s processes of the running round all exited 0 and it said so: it has
+        nothing left to do in the round, and its agent's going (cut off from this coordinator, it
+        ended) stops nothing and calls no spare: the round finishes when the others' have."""
+        return self.phase == RUNNING_PHASE and member in self.done and member in self.round_members
+
     def lost(self, member: int, reason: str, now: float, *, at: float | None = None,
              heard: float | None = None) -> list[Out]:
         """Member ``member``'s agent is gone: it left, its connection closed, or it fell silent.
@@ -271,6 +277,8 @@ class Coordinator(History, Fencing, Takeovers, Elastic, Capturing):
                            pod=self.pods.get(member, ""))]
         if reason in (LOST_DISCONNECTED, LOST_HEARTBEAT) and member != 0:
             self.member_silent_at = now
+        if self.finished_its_part(member):
+            return out
         # A member superseded has its new incarnation: no spare takes its place.
         takeover = [] if reason == LOST_SUPERSEDED else self._take_over(member, reason)
         out.extend(takeover)

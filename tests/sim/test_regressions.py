@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from monarch_spmd.payload import fence
+from monarch_spmd.payload.coordinator import Coordinator
 from spmd_operator.lifecycle import inplace, spares
 
 from .core import Violation
@@ -127,6 +128,14 @@ REGRESSIONS: dict[str, Regression] = {r.defect: r for r in (
         "the attempt's next spare index is kept in status.spares.next (lifecycle.spares.next_index)",
         _base(seed=1, spares=1, train=120.0, faults=[{"t": 0.1, "kind": "spares_crash", "target": 0, "duration": 90.0}]),
         "invariant 7", lambda mp: mp.setattr(spares, "next_index", lambda p, gang, used: max(used, default=-1) + 1)),
+    Regression(
+        "a member whose ranks all succeeded, cut off by its coordinator's frozen node, restarts the gang for good",
+        "a member that finished its part of the round is not lost when its agent goes "
+        "(coordinator.Coordinator.finished_its_part): the round finishes with the others",
+        _base(pods=3, capacity=2, stubborn=0.3, train=84.0, faults=[
+            {"t": 0.9, "kind": "drain"}, {"t": 13.3, "kind": "delete", "target": 0},
+            {"t": 102.4, "kind": "freeze", "target": 0, "duration": 8.5}]),
+        "invariant 5", lambda mp: mp.setattr(Coordinator, "finished_its_part", lambda self, member: False)),
 )}
 
 
