@@ -7,7 +7,7 @@ change) is never counted and never backs off; the program's failure is counted, 
 crash loop does, and gives the gang up when it is permanent, when the restarts are spent, or when
 one member caused too many in a row. The coordinator (:mod:`.coordinator`) calls it once per
 round it stops; the operator's view of what counts (its lifecycle's ``failure``) reads the same
-rule from the restart events. docs/restart-in-place.md, "What counts", is the table.
+rule from the restart events. docs/what-counts.md is the table.
 """
 
 from __future__ import annotations

@@ -140,7 +140,10 @@ def failures(p: Pass) -> list[Failure]:
             out.append(Failure(failed_rank(p, pod), pod.name, pod.node, pod.exit_code, reason,
                                policy.failure_text(spec, pod.message),
                                policy.is_permanent(spec, pod.exit_code, reason) and not given_up,
-                               pod.disrupted or given_up, False, (0, pod.finished_at or "~", index)))
+                               # (Evicted, Terminated: a kubelet's eviction or node shutdown on a
+                               # cluster that sets no DisruptionTarget condition: the cluster's act.)
+                               pod.disrupted or given_up or policy.is_disruption(reason), False,
+                               (0, pod.finished_at or "~", index)))
         elif pod.phase == SUCCEEDED and spec.mode == names.MODE_MONARCH:
             message = (pod.message or "") + ("\n" if pod.message else "") + (
                 "the Monarch worker loop exited 0 (a client shut the host mesh down?); a Monarch-mode pod "
