@@ -1395,6 +1395,26 @@ STATUS: Final = Obj(
                     While spares crash: when the next spare pod may be created.""")),
             },
         ),
+        "badNodes": Arr(
+            description=_d("""
+                Nodes where the job's ranks failed (counted failures, never disruptions) within the
+                last hour, at most 32: at 3 such failures a node is bad for the job, its new pods
+                keep off it (required node affinity hostname NotIn) and its in-place members there
+                are replaced elsewhere, unless that left a pod unschedulable (avoided false)."""),
+            items=Obj(
+                description="A node's counted rank failures within the hour.",
+                properties={
+                    "node": Str(description="The node's name."),
+                    "failures": Int(description="Counted rank failures on it within the hour (at most 10)."),
+                    "times": Arr(items=Str(format=_TIME, description="When a counted failure came."),
+                                 description="When each of them came, oldest first."),
+                    "avoided": Bool(description=_d("""
+                        Present once it is bad (3 failures within the hour): true while new pods keep
+                        off it; false once a pod could not be scheduled elsewhere (not kept off).""")),
+                    "since": Str(format=_TIME, description="When it became bad."),
+                },
+            ),
+        ),
         "lostNodes": Arr(
             description=_d("""
                 Nodes lost under this job in the last 10 minutes (a pod's agent fell silent while the

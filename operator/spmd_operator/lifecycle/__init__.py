@@ -27,12 +27,13 @@ Phases (``status.phase``) and which policy moves between them::
 
 While a job is active, :mod:`.children` keeps its ConfigMap and its attempt's master Service in
 place. Module by module: admission, finished (and TTL), suspend, deadline, failure, completion,
-gang, children; inplace (restart in place) before failure; spares (hot spares) last, in every pass.
+gang, children; inplace (restart in place) before failure; then, in every pass, badnodes (a node
+where the ranks fail again and again is kept off) and spares (hot spares) last.
 """
 
 from __future__ import annotations
 
-from . import admission, children, completion, deadline, failure, finished, gang, inplace, refusal, spares, suspend
+from . import admission, badnodes, children, completion, deadline, failure, finished, gang, inplace, refusal, spares, suspend
 from .model import (
     CONDITION_TYPES,
     CONFIGMAP_CURRENT,
@@ -109,6 +110,7 @@ def reconcile(o: Observed) -> Plan:
     """
     p = Pass(o)
     _decide(p)
+    badnodes.tend(p)
     spares.tend(p)
     return p.plan()
 

@@ -34,7 +34,7 @@ from monarch_spmd import policy
 from monarch_spmd.payload.names import EX_TEMPFAIL
 
 from .. import names
-from . import gang, inplace, refusal
+from . import badnodes, gang, inplace, refusal
 from .model import (
     FAILED,
     PENDING,
@@ -258,5 +258,6 @@ def handle(p: Pass) -> bool:
             why = f"{cause}; a disruption, not counted against maxRestarts"
         else:
             why = f"{cause}; restart {counted + 1} of at most {p.spec.max_restarts}"
+            badnodes.record(p, root, p.now)  # a counted failure on its node (status.badNodes)
         gang.replace(p, p.restart + 1, why)
     return True

@@ -64,6 +64,7 @@ from monarch_spmd.payload.names import EX_TEMPFAIL
 from monarch_spmd.spec import FAILURE_OUTPUT_NONE
 
 from .. import names
+from . import badnodes
 from .model import (
     COORDINATOR_REACHABLE,
     EVENT_NORMAL,
@@ -508,6 +509,7 @@ def _record_restarts(p: Pass, v: CoordinatorView) -> bool:
         p.condition(RESTARTING, "True", "RestartingInPlace", message)
         p.clear(RUNNING, "RestartingInPlace", f"the gang restarts in place (restart {nxt})")
         p.event(EVENT_WARNING, "Restarting", message)
+        badnodes.record(p, f, at)  # a counted failure (a disruption is not) on its node
         p.restart = nxt
     return False
 

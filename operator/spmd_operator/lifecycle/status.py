@@ -22,6 +22,7 @@ from .model import (
     CONDITION_TYPES,
     EVENT_WARNING,
     FAILED,
+    PENDING,
     REASON_NODE_LOST,
     RESTARTING,
     RUNNING,
@@ -46,8 +47,49 @@ VERDICT_LINE: Final = re.compile(
 #: its pods are deleted after 5 minutes).
 LOST_NODE_SECONDS: Final = 600.0
 
+#: Counted rank failures (not disruptions) on one node within BAD_NODE_WINDOW_SECONDS that make
+#: it bad for the job: its new pods keep off it (status.badNodes, lifecycle.badnodes).
+BAD_NODE_FAILURES: Final = 3
+#: How long a counted failure counts toward its node's (one hour).
+BAD_NODE_WINDOW_SECONDS: Final = 3600.0
+#: At most this many failure times are kept per node in status.badNodes.
+MAX_TIMES: Final = 10
+
 #: The most of a failure's last line that its one-line description keeps.
 DESCRIBED_LINE: Final = 300
+
+
+def bad_node_entries(status: Mapping[str, Any], now: dt.datetime) -> dict[str, dict[str, Any]]:
+    """status.badNodes by node, each with only its failure times within BAD_NODE_WINDOW_SECONDS."""
+    out: dict[str, dict[str, Any]] = {}
+    for entry in status.get("badNodes") or []:
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("node"), str):
+            continue
+        times = []
+        for t in entry.get("times") or []:
+            at = parse_time(t)
+            if at is not None and (now - at).total_seconds() < BAD_NODE_WINDOW_SECONDS:
+                times.append(format_time(at))
+        if times:
+            out[entry["node"]] = {**entry, "times": sorted(times)[-MAX_TIMES:]}
+    return out
+
+
+def avoided_bad_nodes(status: Mapping[str, Any], now: dt.datetime) -> set[str]:
+    """The bad nodes the job's new pods keep off: BAD_NODE_FAILURES within the window, not lifted."""
+    return {node for node, e in bad_node_entries(status, now).items()
+            if len(e["times"]) >= BAD_NODE_FAILURES and e.get("avoided") is not False}
+
+
+def lifted_note(status: Mapping[str, Any], now: dt.datetime) -> str:
+    """What status.message adds while bad nodes are not kept off (their avoidance lifted: a pod
+    could not be placed otherwise)."""
+    nodes = sorted(n for n, e in bad_node_entries(status, now).items()
+                   if len(e["times"]) >= BAD_NODE_FAILURES and e.get("avoided") is False)
+    if not nodes:
+        return ""
+    return (f"; bad node(s) {', '.join(nodes)} not kept off (status.badNodes): keeping off them left a pod "
+            "with no node")
 
 
 def clip(line: str, limit: int) -> str:
@@ -207,6 +249,9 @@ class Pass:
         #: Nodes judged lost in this pass (a member's agent fell silent while its pod showed
         #: Running): remembered in status.lostNodes (:meth:`plan`).
         self.lost_nodes: set[str] = set()
+        #: Counted rank failures of this pass (not disruptions), by node and when: counted per
+        #: node in status.badNodes (lifecycle.badnodes).
+        self.node_failures: list[tuple[str, dt.datetime]] = []
         self._current: tuple[int, dict[int, PodInfo]] | None = None
 
     # --- views of the observed pods --------------------------------------------------------
@@ -348,7 +393,10 @@ class Pass:
         chosen = conditions.get(explain) or conditions.get("Created")
         if chosen is not None:
             self.new["reason"] = chosen.get("reason", "")
-            self.new["message"] = (chosen.get("message") or "")[:MESSAGE_CHARS]
+            message = chosen.get("message") or ""
+            if phase in (PENDING, RUNNING, RESTARTING) and self.new.get("badNodes"):
+                message += lifted_note(self.new, self.now)
+            self.new["message"] = message[:MESSAGE_CHARS]
 
     def remembered_lost_nodes(self) -> dict[str, str]:
         """Nodes judged lost under this job within LOST_NODE_SECONDS, with when (RFC 3339): the
@@ -403,7 +451,9 @@ class Pass:
             disruptions=int(self.new.get("disruptions") or 0),
             # An elastic job's pod replaced alone may go back to its node when that node returns
             # (the gang grows back then); a recreated gang and spares keep off a lost node.
-            avoid_nodes=self.avoid_nodes() if self.create or self.spares or (self.replace and not self.elastic) else (),
+            # Bad nodes (status.badNodes) are kept off by every pod created, an elastic one's too.
+            avoid_nodes=(self.avoid_nodes() if self.create or self.spares or (self.replace and not self.elastic)
+                         else tuple(sorted(avoided_bad_nodes(self.new, self.now))) if self.replace else ()),
             spares=tuple(dict.fromkeys(self.spares)),
             spare_restart=self.spare_restart,
             adopt=tuple(dict.fromkeys(self.adopt)),
@@ -413,13 +463,14 @@ class Pass:
         """For the pods created: the nodes judged lost lately (:meth:`remembered_lost_nodes`, and
         the current failure's, reason NodeLost) that still hold a pod of the job its kubelet never
         ended (the scheduler would think such a node Ready for up to 40 s). A lost node whose pods
-        ended is answering again: no need to keep off it."""
+        ended is answering again: no need to keep off it. And the nodes bad for the job
+        (status.badNodes: its ranks failed there again and again), unless lifted."""
         failure = self.new.get("failure") or {}
         lost = set(self.remembered_lost_nodes())
         if failure.get("reason") == REASON_NODE_LOST and failure.get("node"):
             lost.add(str(failure["node"]))
         silent = {p.node for p in (*self.o.pods, *self.o.spares) if p.node and not p.finished}
-        return tuple(sorted(lost & silent))
+        return tuple(sorted((lost & silent) | avoided_bad_nodes(self.new, self.now)))
 
     def new_gang(self) -> int:
         """The attempt of the gang the status this pass writes names (gangRestart, else restarts)."""
