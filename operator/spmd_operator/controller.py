@@ -387,6 +387,12 @@ class Controller:
             o = dataclasses.replace(o, coordinator=self.observers.tend(loop, o))
         self.creator.shown(loop, o, self.view.informers)
         plan = lifecycle.reconcile(o)
+        if loop.observer is not None and loop.observer.pod_name in plan.delete_pods:
+            # The pass gives the gang up (its rank-0 pod deleted): its observer stops now, before
+            # this pass awaits anything. An observer that connected only now (an operator just
+            # started) would otherwise tell a coordinator isolated by a loss that the operator
+            # sees it, and its next round would start beside the gang this pass creates.
+            loop.observer.stop()
         if plan.pods_lost and plan.status and await self._namespace_terminating(o.job.namespace):
             raise JobGone(f"namespace {o.job.namespace} is being deleted")
         deferred = await self._carry_out(loop, o, plan)

@@ -233,12 +233,21 @@ class Operator(Proc):
             if self.link is None and pod is not None:
                 self.link = ObserverLink(self, pod)
         elif self.link is not None and not self.link.stopped:
-            self.link.stopped = True  # rank 0's pod is gone or ending: keep what was heard
-            self.link.observer.stop()
-            if self.link.conn is not None:
-                self.link.conn.close(self.link)
-                self.link.conn = None
+            self._stop_link()  # rank 0's pod is gone or ending: keep what was heard
         return self.link.observer.view() if self.link is not None else None
+
+    def gives_up(self, plan: lifecycle.Plan) -> bool:
+        """Whether the pass gives the observed gang up (deletes its rank-0 pod)."""
+        assert self.link is not None
+        return self.link.pod.name in plan.delete_pods
+
+    def _stop_link(self) -> None:
+        assert self.link is not None
+        self.link.stopped = True
+        self.link.observer.stop()
+        if self.link.conn is not None:
+            self.link.conn.close(self.link)
+            self.link.conn = None
 
     def _close_link(self) -> None:
         if self.link is not None:
@@ -271,6 +280,8 @@ class Operator(Proc):
             if info.name in self.created and when > self.created[info.name]:
                 del self.created[info.name]
         plan = lifecycle.reconcile(o)
+        if self.link is not None and not self.link.stopped and self.gives_up(plan):
+            self._stop_link()  # Controller.reconcile_once: a gang given up is heard no more
         self.plans.append(plan)
         if len(self.plans) > 50:
             del self.plans[:25]

@@ -19,6 +19,7 @@ from monarch_spmd.payload.coordinator import Coordinator
 from spmd_operator.lifecycle import inplace, spares
 
 from .core import Violation
+from .operator import Operator as SimOperator
 from .sim import run
 from .test_mutations import MUTATIONS
 
@@ -136,6 +137,15 @@ REGRESSIONS: dict[str, Regression] = {r.defect: r for r in (
             {"t": 0.9, "kind": "drain"}, {"t": 13.3, "kind": "delete", "target": 0},
             {"t": 102.4, "kind": "freeze", "target": 0, "duration": 8.5}]),
         "invariant 5", lambda mp: mp.setattr(Coordinator, "finished_its_part", lambda self, member: False)),
+    Regression(
+        "an operator just started connects to a gang it gives up in the same pass, and the gang's next round runs "
+        "beside the new one",
+        "a pass that deletes the observed gang's rank-0 pod stops its observer before anything else "
+        "(controller.Controller.reconcile_once): no heartbeat tells the coordinator, isolated by a loss, that "
+        "the operator sees it",
+        _base(seed=7031, pods=3, procs=2, min=1, elastic_wait=1, grace=30, capacity=2, faults=[
+            {"t": 0.1, "kind": "operator", "duration": 19.1}, {"t": 5.0, "kind": "freeze", "target": 0, "duration": 8.1}]),
+        "invariant 3", lambda mp: mp.setattr(SimOperator, "gives_up", lambda self, plan: False)),
 )}
 
 
