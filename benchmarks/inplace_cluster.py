@@ -330,7 +330,12 @@ def lost_pod(admin: kube.Kube, ns: str, system: str, procs: int, per_host: int, 
 
 def hang(admin: kube.Kube, ns: str, detector: str, procs: int, per_host: int, reps: int, timeout: int,
          root: Path) -> dict:
-    folder_args = ["--mode", "steps", "--step", "0.5"]
+    # The ranks step together through files in a folder of this trial's own (as a collective makes
+    # them): one rank stopped silences the gang, which is what the progress timeout judges.
+    shared = root / f"hang-{detector}-{uuid.uuid4().hex[:6]}"
+    shared.mkdir(parents=True)
+    os.chmod(shared, 0o777)
+    folder_args = ["--mode", "steps", "--step", "0.5", "--ready-dir", str(shared)]
     env: list[dict[str, Any]] = []
     restart: dict[str, Any] = {}
     if detector == "watchdog":
@@ -338,7 +343,7 @@ def hang(admin: kube.Kube, ns: str, detector: str, procs: int, per_host: int, re
         env = [{"name": "TORCHELASTIC_ENABLE_FILE_TIMER", "value": "1"}]
     else:
         restart["progressTimeoutSeconds"] = timeout
-    body = spmdjob("x", procs // per_host, per_host, root, "InPlace", folder_args, env, **restart)
+    body = spmdjob("x", procs // per_host, per_host, shared, "InPlace", folder_args, env, **restart)
     trial = Trial(admin, ns, "inplace", procs, per_host, root, body=body)
     trial.create()
     row: dict[str, Any] = {"detector": detector, "procs": procs, "timeout_s": timeout, "restart_s": [], "reasons": []}

@@ -3,7 +3,7 @@
 Every rank joins a gloo process group (``init_process_group("gloo")`` from torchrun's variables),
 then runs ``--steps`` steps: its own work (a sleep of ``--step-seconds``), an all_reduce of
 ``step + 1`` over the gang (each rank checks the sum; while it waits for its peers it says so
-every 0.5 s, as a training loop's logging does), a line of output. It prints ``train_steps rank R pid P
+every 0.5 s, as a training loop's logging does, unless ``--quiet-wait``), a line of output. It prints ``train_steps rank R pid P
 restart N`` first (TORCHELASTIC_RESTART_COUNT) and ``train_steps rank R done restart N sum S``
 last, so a test reads from the pods' logs which processes ran in which restart.
 
@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hang-rank", type=int, default=-1)
     parser.add_argument("--hang", choices=("stop", "sleep", "watchdog"), default="stop")
     parser.add_argument("--timeout", type=float, default=3.0, help="the watchdog's expires(after=...)")
+    parser.add_argument("--quiet-wait", action="store_true",
+                        help="say nothing while waiting for the peers (most scripts do not)")
     opts = parser.parse_args(argv)
     schedule = _schedule(opts.fail)
 
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         said = time.monotonic()
         while not work.is_completed():  # a training loop that logs while it waits for its peers
             time.sleep(0.02)
-            if time.monotonic() - said >= 0.5:
+            if time.monotonic() - said >= 0.5 and not opts.quiet_wait:
                 print(f"train_steps rank {rank} waiting in step {step}", flush=True)
                 said = time.monotonic()
         work.wait()
