@@ -136,7 +136,9 @@ REGRESSIONS: dict[str, Regression] = {r.defect: r for r in (
         _base(pods=3, capacity=2, stubborn=0.3, train=84.0, faults=[
             {"t": 0.9, "kind": "drain"}, {"t": 13.3, "kind": "delete", "target": 0},
             {"t": 102.4, "kind": "freeze", "target": 0, "duration": 8.5}]),
-        "invariant 5", lambda mp: mp.setattr(Coordinator, "finished_its_part", lambda self, member: False)),
+        # (The operator's later rule, ended_but_lost, would also get the gang going again: both put back.)
+        "invariant 5", lambda mp: (mp.setattr(Coordinator, "finished_its_part", lambda self, member: False),
+                                   mp.setattr(inplace, "ended_but_lost", lambda p, current: []))),
     Regression(
         "an operator just started connects to a gang it gives up in the same pass, and the gang's next round runs "
         "beside the new one",
@@ -146,6 +148,13 @@ REGRESSIONS: dict[str, Regression] = {r.defect: r for r in (
         _base(seed=7031, pods=3, procs=2, min=1, elastic_wait=1, grace=30, capacity=2, faults=[
             {"t": 0.1, "kind": "operator", "duration": 19.1}, {"t": 5.0, "kind": "freeze", "target": 0, "duration": 8.1}]),
         "invariant 3", lambda mp: mp.setattr(SimOperator, "gives_up", lambda self, plan: False)),
+    Regression(
+        "a member whose pod Succeeded after its coordinator lost it is never created again",
+        "a pod that Succeeded while the coordinator, its round not over, lost its member is a lost member, "
+        "created again alone (lifecycle.inplace.ended_but_lost)",
+        _base(seed=2, train=77.0, faults=[{"t": 5.0, "kind": "delete", "target": 1},
+                                          {"t": 86.4, "kind": "freeze", "target": 1, "duration": 8.1}]),
+        "invariant 5", lambda mp: mp.setattr(inplace, "ended_but_lost", lambda p, current: [])),
 )}
 
 

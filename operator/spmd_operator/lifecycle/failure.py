@@ -183,6 +183,7 @@ def failures(p: Pass) -> list[Failure]:
     if p.in_place:
         known = {f.pod for f in out}
         out.extend(f for f in inplace.node_losses(p)[0] if f.pod not in known)
+        out.extend(inplace.ended_but_lost(p, current))
     if starts:
         p.new["startFailures"] = starts
     else:

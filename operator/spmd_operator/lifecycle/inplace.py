@@ -613,6 +613,11 @@ def replace_lost(p: Pass, found: list[Failure]) -> bool:
             continue
         if index == 0 or f.permanent or f.reason in NODE_LOSS_REASONS:
             return False
+        if pod is not None and pod.phase == SUCCEEDED and not pod.deleting and _lost_lately(v, index):
+            # Its ranks ended well, yet the coordinator lost its agent first (cut off, its node
+            # frozen as the round ended) and waits for it in the next round: created again alone.
+            todo.append(index)
+            continue
         if pod is not None and (pod.phase in (PENDING, SUCCEEDED, "Unknown") and not pod.deleting):
             return False  # one that cannot start, or ended well: not a lost member
         # (A pod whose agent gave up (75) while the coordinator, heard now, gave no verdict was cut
@@ -675,6 +680,25 @@ def overdue(p: Pass, pod: PodInfo) -> bool:
     return True
 
 
+def ended_but_lost(p: Pass, current: Mapping[int, PodInfo]) -> list[Failure]:
+    """Members whose pod Succeeded while the coordinator, its round not over, lost their agent
+    first (cut off as the round ended: its node froze) and waits for them in the next round:
+    each is a lost member (a disruption), created again alone by :func:`replace_lost`."""
+    v = view(p)
+    if v is None or v.final is not None or v.open_round() is None:
+        return []
+    return [Failure(index * p.procs_per_pod, pod.name, pod.node, 0, REASON_MEMBER_LOST,
+                    "its ranks exited 0, but the coordinator lost its agent before hearing so and waits for it "
+                    "in the next round", False, True, True, (1, "~", index))
+            for index, pod in sorted(current.items())
+            if index != 0 and pod.phase == SUCCEEDED and not pod.deleting and _lost_lately(v, index)]
+
+
+def _lost_lately(v: CoordinatorView, member: int) -> bool:
+    """Whether the coordinator said it lost ``member`` in the round that runs or the one before."""
+    return any(_int(e.get("member")) == member and recent(v, e) for e in v.lost)
+
+
 def _spare_may_come(p: Pass, v: CoordinatorView, member: int, pod: PodInfo | None) -> bool:
     """Whether a lost member's place may yet go to a hot spare, so no pod is created for it now:
     spares are ready (or starting), and the coordinator has not said it lost the member in the round that
@@ -683,7 +707,7 @@ def _spare_may_come(p: Pass, v: CoordinatorView, member: int, pod: PodInfo | Non
     starting = any(s.restart == p.gang and not s.finished and not s.deleting for s in p.o.spares)
     if p.spec.spares <= 0 or not (v.spares_ready or starting):
         return False
-    if any(_int(e.get("member")) == member and recent(v, e) for e in v.lost):
+    if _lost_lately(v, member):
         return False
     ended = parse_time(pod.finished_at) if pod is not None else None
     return ended is not None and (p.now - ended).total_seconds() < LOST_WAIT_SECONDS
