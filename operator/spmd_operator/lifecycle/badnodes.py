@@ -30,12 +30,11 @@ deleted, evicted or lost with its node, a member lost, a takeover never counts) 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
 from typing import Any, Final
 
 from monarch_spmd.spec import JobSpec
 
-from .model import EVENT_WARNING, PENDING, RESTARTING, RUNNING, format_time, parse_time
+from .model import EVENT_WARNING, PENDING, RESTARTING, RUNNING, format_time
 from .status import BAD_NODE_FAILURES, BAD_NODE_WINDOW_SECONDS, MAX_TIMES, Failure, Pass, bad_node_entries
 
 MAX_NODES: Final = 32
