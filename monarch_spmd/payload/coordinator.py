@@ -257,7 +257,7 @@ class Coordinator(History, Fencing, Takeovers, Elastic, Capturing):
         return self.phase == RUNNING_PHASE and member in self.done and member in self.round_members
 
     def lost(self, member: int, reason: str, now: float, *, at: float | None = None,
-             heard: float | None = None) -> list[Out]:
+             heard: float | None = None, silent: bool | None = None) -> list[Out]:
         """Member ``member``'s agent is gone: it left, its connection closed, or it fell silent.
 
         When it went, for telling its consequences from the program's failures (:func:`.counting.root_cause`):
@@ -280,7 +280,8 @@ class Coordinator(History, Fencing, Takeovers, Elastic, Capturing):
         if self.finished_its_part(member):
             return out
         # A member superseded has its new incarnation: no spare takes its place.
-        takeover = [] if reason == LOST_SUPERSEDED else self._take_over(member, reason)
+        takeover = [] if reason == LOST_SUPERSEDED else self._take_over(
+            member, silent if silent is not None else reason == LOST_HEARTBEAT)
         out.extend(takeover)
         gone = f"member {member}'s agent is gone ({reason})"
         if takeover:

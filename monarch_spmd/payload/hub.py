@@ -19,10 +19,15 @@ Nothing here reads a clock: every entry point takes ``now`` (monotonic seconds).
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from . import coordinator, rendezvous
+
+#: A read's errors that mean nothing answered from the peer's node (its kernel would have reset
+#: or closed the connection): the user timeout, keepalive, no route.
+TIMED_OUT: Final = frozenset({errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN})
 
 
 #: The role of a member's connection after its ``leave``: it stays open until its agent ends.
@@ -52,6 +57,7 @@ class Peer:
         self.open = True
         #: Its connection ended by an error (a reset, the kernel's timeout), not closed by it.
         self.error = False
+        self.timed_out = False
 
 
 class Hub:
@@ -98,13 +104,16 @@ class Hub:
         """The open connections that have not said hello yet."""
         return [p for p in self.peers if p.role is None]
 
-    def received(self, peer: Peer, data: bytes, now: float, *, error: bool = False) -> None:
+    def received(self, peer: Peer, data: bytes, now: float, *, error: bool | int = False) -> None:
         """Bytes read from ``peer``; empty: the connection closed (its member is lost), by an
         error (a reset, the kernel's timeout) when ``error``."""
         if not peer.open:
             return
         if not data:
-            peer.error = error
+            peer.error = bool(error)
+            # Timed out (the kernel's user timeout, keepalive): nothing answered from the peer's
+            # node. A reset or a close came from its kernel: the node is up.
+            peer.timed_out = error in TIMED_OUT
             self.broken(peer, rendezvous.LOST_DISCONNECTED, now)
             return
         peer.heard = now
@@ -161,7 +170,8 @@ class Hub:
         self.close(peer, now)
         if member is not None and self.by_member.get(member) is peer:
             del self.by_member[member]
-            self.apply(self.machine.lost(member, reason, now, heard=peer.heard))
+            self.apply(self.machine.lost(member, reason, now, heard=peer.heard,
+                                         silent=peer.timed_out or reason == rendezvous.LOST_HEARTBEAT))
         elif departing and member is not None:
             self.apply(self.machine.departed(member, peer.incarnation, now))
 

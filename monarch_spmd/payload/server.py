@@ -142,8 +142,8 @@ class CoordinatorServer:
             data = wire.sock.recv(65536)
         except (BlockingIOError, InterruptedError):
             return
-        except OSError:
-            data, error = b"", True
+        except OSError as e:
+            data, error = b"", e.errno or True  # ETIMEDOUT: the kernel gave up on a silent peer
         with self.lock:
             try:
                 self.hub.received(peer, data, time.monotonic(), error=error)

@@ -22,7 +22,9 @@ The rule (:func:`blame`), on the main thread of each rank's dump:
    split), or all at one call site: undecided;
 4. otherwise (no stacks, every rank busy): undecided.
 
-Undecided, the failure names the fallback the caller gives (the rank that went silent first, or
+Undecided because every rank with a stack waits at one call site while some showed none, the
+failure names the first rank that showed none (it is not seen waiting; the waiting ones went quiet
+first, as they entered the collective). Otherwise undecided, the failure names the fallback the caller gives (the rank that went silent first, or
 the rank whose watchdog timer expired), saying that no rule decided and why. Among several
 culprits the failure names the one the caller's order puts first (silent longest).
 """
@@ -368,7 +370,14 @@ def judge(states: Mapping[int, RankState], order: Sequence[int], fallback: int, 
         if len(ranked) == 1:
             unknown = [r for r in ranks if states[r].state == NO_STACK]
             if unknown:
-                return undecided(f"every rank with a stack waits at one call site; {_ranks(unknown)} showed none")
+                # Every rank that could show its stack waits in one collective: the one that could
+                # not (stopped, killed, not Python) is the likely one, not the first to go quiet (a
+                # waiting rank goes quiet as it enters the collective, before the culprit's last line).
+                why = f"every rank with a stack waits at one call site; {_ranks(unknown)} showed none"
+                likely = unknown[0]
+                return Blame(likely, False, (), why,
+                             f"no rule named a culprit ({why}); rank {likely}, which showed no stack, the likely one",
+                             states)
             return undecided("every rank seen waits at one call site")
         if ranked[0][1] == ranked[1][1]:
             return undecided("the ranks wait at different call sites, none shared by the most")

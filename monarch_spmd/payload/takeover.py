@@ -11,8 +11,7 @@ it would supersede the spare and restart the gang once more for nothing. The los
 from __future__ import annotations
 
 from .rendezvous import (ASSIGN, ASSIGN_SECONDS, EV_SPARE, EV_TAKEOVER, FAIL, FAILED, FINISH, FINISHED,
-                         LOST_DISCONNECTED, LOST_HEARTBEAT, LOST_SUPERSEDED, MAX_NAME, ROLE_SPARE, VERSION, WELCOME,
-                         Out, cut)
+                         LOST_SUPERSEDED, MAX_NAME, ROLE_SPARE, VERSION, WELCOME, Out, cut)
 
 
 class Takeovers:
@@ -73,18 +72,19 @@ class Takeovers:
         _, node = self.spares.pop(spare)
         return [self._event(EV_SPARE, spare=spare, node=node, state="gone", ready=len(self.spares))]
 
-    def _take_over(self, member: int, reason: str | None = None) -> list[Out]:
-        """Member ``member`` is lost (``reason``: how): the lowest ready spare on another node takes
-        its place (``assign``), and joins the next round as that member. Member 0 runs the
-        coordinator: its loss ends the gang. A member lost without a word (its connection broke or
-        fell silent) may have lost its node: no spare on that node, nor on one of an earlier such
-        loss, is given a place (a frozen node's spare is silent a moment later than its member; given
-        the place it would never arrive). A member that left (a pod deleted) may be followed by a
-        spare on its own node, when no other is ready."""
+    def _take_over(self, member: int, silent: bool = False) -> list[Out]:
+        """Member ``member`` is lost: the lowest ready spare on another node takes its place
+        (``assign``), and joins the next round as that member. Member 0 runs the coordinator: its
+        loss ends the gang. A member lost in ``silent`` (its heartbeats stopped, or its connection
+        timed out: nothing answered from its node) may have lost its node: no spare on that node,
+        nor on one of an earlier such loss, is given a place (a frozen node's spare falls silent a
+        moment after its member; given the place it would never arrive). A member that left, or
+        whose connection was closed or reset by its node's kernel (the node is up), may be followed
+        by a spare on its own node when no other is ready."""
         if member == 0 or not self.spares or self.phase in (FINISHED, FAILED):
             return []
         here = self.nodes.get(member, "")
-        if reason in (LOST_DISCONNECTED, LOST_HEARTBEAT) and here:
+        if silent and here:
             self.suspect_nodes.add(here)
         fit = [s for s, (_, node) in self.spares.items() if not node or node not in self.suspect_nodes]
         if not fit:

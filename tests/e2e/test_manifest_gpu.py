@@ -120,13 +120,15 @@ def test_pods_dry_run_server_checks_every_pod_and_creates_nothing(crd_installed,
 
     # A value the SPMDJob's schema takes but the Pod API refuses: the API server refuses the pod,
     # and the field is named in the job's terms too.
-    doc["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] = "Sometimes"
+    # (A CPU request above its limit: a rule across fields the schema cannot state; a bad enum
+    # such as imagePullPolicy is refused offline now, before any pod is sent.)
+    doc["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "1"
     path.write_text(yaml.safe_dump(doc))
     refused = pods_command(crd_installed, "-f", str(path), "--dry-run=server", "-n", namespace)
     assert refused.returncode == 1, refused.stdout + refused.stderr
     lines = refused.stdout.splitlines()
     assert lines and lines[0].startswith("pod/train-00000-r0-0 refused (422): "), refused.stdout + refused.stderr
-    assert "imagePullPolicy" in lines[0], lines
-    assert any("spec.template.spec.containers[0].imagePullPolicy" in line for line in lines[1:]), lines
+    assert "resources.requests" in lines[0] and "cpu limit" in lines[0], lines
+    assert any("spec.template.spec.containers[0].resources.requests" in line for line in lines[1:]), lines
 
     assert crd_installed.kubectl("get", "pods", "-n", namespace, "-o", "name").stdout.strip() == ""

@@ -127,7 +127,9 @@ def test_a_lost_pod_other_than_rank_zeros_is_replaced_alone(running_operator, na
     assert {n: now[n] for n in kept} == kept, "the other pods keep their uids"
     assert replacement in now, now
     failure = job["status"]["failure"]
-    assert (failure["pod"], failure["reason"], failure["rank"], failure["disruption"]) == (lost, "PodDeleted", 2, False)
+    # A pod deleted is the cluster's act (docs/what-counts.md): a disruption, not counted.
+    assert (failure["pod"], failure["reason"], failure["rank"], failure["disruption"]) == (lost, "PodDeleted", 2, True)
+    assert job["status"].get("disruptions") == 1, job["status"]
     job = wait_phase(c, namespace, "victim", "Succeeded", timeout=180)
     log = c.pod_log(namespace, replacement)
     assert "restart 1" in log and "train_steps rank 2 done restart 1" in log, log[-2000:]
@@ -414,7 +416,8 @@ def test_an_elastic_job_shrinks_when_a_pod_is_lost_and_grows_back_when_it_is_cre
     job = wait_job(c, namespace, name, lambda j: (j["status"].get("size") or {}).get("pods") == 3
                    and j["status"].get("restarts", 0) >= 2, timeout=180, what="the gang grown back to 3 pods")
     status = job["status"]
-    assert (status["restarts"], status["disruptions"], status.get("gangRestart")) == (2, 1, 0), \
+    # The delete and the grow back: both disruptions, neither counted (docs/what-counts.md).
+    assert (status["restarts"], status["disruptions"], status.get("gangRestart")) == (2, 2, 0), \
         [(e.reason, e.message) for e in job_events(c, namespace, name)]
     assert status["failure"]["pod"] == lost and status["failure"]["reason"] == "PodDeleted", status["failure"]
     assert "Resizing" in reasons(c, namespace, name)

@@ -94,7 +94,7 @@ def test_a_gang_that_fails_at_once_gets_every_ranks_exit_code_every_time(kind, t
 
 
 def test_the_runner_asks_rank_0s_worker_to_wait_for_its_observer():
-    env = runner._member(runner._Plan(
+    env = runner._worker_spec(runner._Plan(
         job=runner.job_from_args("hosts=2", ["x.py"]), env={}, run_id="r", python="python3",
         master_addr="127.0.0.1", master_port=29500, agent_port=29400, grace=1.0, progress_timeout=0.0,
         backoff=None, member_failure_limit=None, logs=None, gpus=False), 0, 0).env

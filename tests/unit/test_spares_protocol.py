@@ -69,26 +69,41 @@ def _gang_on_nodes() -> rv.Coordinator:
 
 
 @pytest.mark.parametrize("reason", [rv.LOST_DISCONNECTED, rv.LOST_HEARTBEAT])
-def test_a_member_lost_without_a_word_is_never_taken_over_by_a_spare_on_its_own_node(reason):
-    # A frozen node: its member's connection breaks a moment before its spare's. The spare there
+def test_a_member_lost_in_silence_is_never_taken_over_by_a_spare_on_its_own_node(reason):
+    # A frozen node: its member's connection times out a moment before its spare's. The spare there
     # would never arrive; the lower index does not matter, the one on another node takes the place.
     c = _gang_on_nodes()
     c.spare_hello(0, "s0", 2.0, node="node-b")
     c.spare_hello(1, "s1", 2.0, node="node-c")
-    outs = c.lost(1, reason, 5.0)
+    outs = c.lost(1, reason, 5.0, silent=True)
     [takeover] = events(outs, rv.EV_TAKEOVER)
     assert (takeover["spare"], takeover["node"]) == (1, "node-c"), takeover
     # Member 2 on the same node, lost a moment later: the spare on node-b is not given its place
     # either (the node is suspect), and no spare is ready elsewhere: the operator replaces it.
-    assert not events(c.lost(2, reason, 5.5), rv.EV_TAKEOVER) and list(c.spares) == [0]
+    assert not events(c.lost(2, reason, 5.5, silent=True), rv.EV_TAKEOVER) and list(c.spares) == [0]
 
 
 def test_only_a_spare_on_the_silent_members_node_takes_no_place_and_a_spare_elsewhere_later_does():
     c = _gang_on_nodes()
     c.spare_hello(0, "s0", 2.0, node="node-b")
-    assert not events(c.lost(1, rv.LOST_HEARTBEAT, 5.0), rv.EV_TAKEOVER)
+    assert not events(c.lost(1, rv.LOST_HEARTBEAT, 5.0), rv.EV_TAKEOVER)  # heartbeats stopped: silent
     outs = c.spare_hello(1, "s1", 6.0, node="node-c")  # a new spare, on a healthy node
     assert to(outs, "spare:1")[-1] == {"type": rv.ASSIGN, "member": 1, "round": 0}
+
+
+def test_a_member_whose_connection_its_node_reset_may_be_followed_by_a_spare_on_that_node():
+    # Its agent killed (a reset or a close from its node's kernel): the node is up, and on one
+    # machine (monarch-spmd run) every spare is on the member's node.
+    c = _gang_on_nodes()
+    c.spare_hello(0, "s0", 2.0, node="node-b")
+    [takeover] = events(c.lost(1, rv.LOST_DISCONNECTED, 5.0, silent=False), rv.EV_TAKEOVER)
+    assert (takeover["spare"], takeover["node"]) == (0, "node-b")
+
+
+def test_a_read_that_timed_out_is_silence_and_a_reset_is_not():
+    from monarch_spmd.payload import hub
+    import errno
+    assert errno.ETIMEDOUT in hub.TIMED_OUT and errno.ECONNRESET not in hub.TIMED_OUT and True not in hub.TIMED_OUT
 
 
 def test_a_member_that_left_may_be_followed_by_a_spare_on_its_own_node_when_none_is_elsewhere():

@@ -128,9 +128,11 @@ CASES = [
     pytest.param({0: None, 1: None}, [1, 0], 1,
                  (1, False, (), "no rule named a culprit (no rank showed a stack); "
                                 "rank 1 went silent first, the likely one"), id="no-stacks"),
+    # The waiting ranks went quiet first (as they entered the collective): the one that showed no
+    # stack (stopped, killed) is the likely one, whoever went quiet first.
     pytest.param({0: ALL_REDUCE, 1: None, 2: ALL_REDUCE}, [0, 2, 1], 0,
-                 (0, False, (), "no rule named a culprit (every rank with a stack waits at one call site; rank 1 "
-                                "showed none); rank 0 went silent first, the likely one"), id="one-without-stack"),
+                 (1, False, (), "no rule named a culprit (every rank with a stack waits at one call site; rank 1 "
+                                "showed none); rank 1, which showed no stack, the likely one"), id="one-without-stack"),
     pytest.param({0: ALL_REDUCE, 1: None, 2: SLEEP}, [0, 1, 2], 0,
                  (2, True, (2,), "rank 2 is not in a collective (at stuck_rank.py:51 in main); "
                                  "rank 0 waits in all_reduce (at stuck_rank.py:57 in main)"),

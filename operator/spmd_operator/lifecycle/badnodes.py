@@ -14,11 +14,10 @@ deleted, evicted or lost with its node, a member lost, a takeover never counts) 
   failures, the entry marked ``avoided: true``, and every pod the job creates afterwards (a
   replacement, the next attempt's gang, a spare) keeps off it by the required node affinity
   lostNodes uses (:meth:`.status.Pass.avoid_nodes`).
-* **Its in-place members replaced**: while a gang restarts in place, a member's pod on a node
-  that is bad is deleted by the operator (a disruption it causes: PodDeleted, not counted); a
-  ready hot spare takes its place, else :mod:`.inplace` creates it again alone, off that node
-  (rank 0's pod: the gang is recreated, also a disruption). A waiting spare there is deleted too
-  (:mod:`.spares` creates another, off the node).
+* **The pods there are left alone**: a gang restarting in place keeps its pods (a member that
+  fails on every node, a bug of the program, must not turn restarts in place into recreations);
+  the node is kept off by the pods created next: a lost pod's replacement, a recreated gang
+  (RepeatedFailure), a spare.
 * **Never unschedulable on its own account**: a pod the scheduler reports unschedulable while it
   keeps off a bad node lifts that node's avoidance (``avoided: false``, one Warning Event
   NodeAvoidanceLifted, status.message says so): the pod is deleted and created again without it
@@ -70,15 +69,11 @@ def tend(p: Pass) -> None:
             e.update(avoided=True, since=format_time(p.now))
             fresh.append(node)
     keep_off = {n for n, e in found.items() if e.get("avoided") is True}
-    replaced = _replace_members(p, keep_off) if active else []
     for node in sorted(fresh):
         e = found[node]
-        there = [name for name, at in replaced if at == node]
         message = (f"node {node}: {e['failures']} failures of this job's ranks within "
                    f"{int(BAD_NODE_WINDOW_SECONDS // 60)} minutes (the last {e['times'][-1]}; at most "
                    f"{BAD_NODE_FAILURES} allowed): the job's new pods keep off it")
-        if there:
-            message += f"; pod(s) {', '.join(there)} there are deleted and replaced elsewhere (not counted)"
         p.event(EVENT_WARNING, REASON_NODE_AVOIDED, message[:1024])
     if active:
         _lift(p, found, keep_off)
@@ -90,19 +85,6 @@ def tend(p: Pass) -> None:
                              for e in sorted(kept, key=lambda e: e["node"])]
     else:
         p.new.pop("badNodes", None)
-
-
-def _replace_members(p: Pass, keep_off: set[str]) -> list[tuple[str, str]]:
-    """While the gang restarts in place (no new gang decided in this pass), deletes its members'
-    pods (and waiting spares) on nodes kept off: (pod, node) of each."""
-    if not keep_off or not p.in_place or p.create or p.new_gang() != p.gang:
-        return []
-    pods = [pod for pod in p.current().values()]
-    pods += [s for s in p.o.spares if s.restart == p.gang]
-    out = [(pod.name, str(pod.node)) for pod in pods
-           if pod.node in keep_off and not pod.finished and not pod.deleting and pod.name not in p.delete_pods]
-    p.delete_pods.extend(name for name, _ in out)
-    return out
 
 
 def _lift(p: Pass, found: dict[str, dict[str, Any]], keep_off: set[str]) -> None:
