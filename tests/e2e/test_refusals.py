@@ -357,14 +357,15 @@ def test_pods_are_created_strictly_and_a_field_the_pod_api_does_not_know_is_name
 def test_a_template_the_crd_takes_and_the_pod_api_refuses_fails_the_job_naming_the_field(running_operator, namespace):
     c = running_operator
     manifest = job_manifest("refused", [("procs", 2)], ["-m", "train"], kwok=True)
-    manifest["spec"]["template"]["spec"]["containers"] = [{"name": "side", "image": "busybox", "imagePullPolicy": "Sometimes"}]
+    manifest["spec"]["template"]["spec"]["containers"] = [{"name": "side", "image": "busybox", "resources": {
+        "requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}]
     _, offline = validate.check_manifest(manifest)
-    assert offline == []  # the schema's types hold; only the Pod API knows imagePullPolicy's values
+    assert offline == []  # the schema's types hold; only the Pod API relates a request to its limit
     apply(c, namespace, manifest)
     job = wait_phase(c, namespace, "refused", "Failed", timeout=60)
     st = status_of(job)
     assert st["reason"] == "InvalidSpec"
-    assert 'spec.template.spec.containers[0].imagePullPolicy: Unsupported value: "Sometimes"' in st["failure"]["message"], \
+    assert 'spec.template.spec.containers[0].resources.requests: Invalid value: "2"' in st["failure"]["message"], \
         st["failure"]["message"]
     wait_until(lambda: not [p for p in job_pods(c, namespace, "refused") if not p.metadata.deletion_timestamp], 30,
                "no pod of the refused job left")

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hang", choices=("stop", "sleep", "watchdog"), default="stop")
     parser.add_argument("--timeout", type=float, default=3.0, help="the watchdog's expires(after=...)")
     parser.add_argument("--quiet-wait", action="store_true",
-                        help="say nothing while waiting for the peers (most scripts do not)")
+                        help="all_reduce as most scripts do: blocked in the collective, saying nothing")
     opts = parser.parse_args(argv)
     schedule = _schedule(opts.fail)
 
@@ -81,14 +81,17 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(3600)
             time.sleep(opts.step_seconds)
         value = torch.tensor([float(step + 1)])
-        work = dist.all_reduce(value, async_op=True)
-        said = time.monotonic()
-        while not work.is_completed():  # a training loop that logs while it waits for its peers
-            time.sleep(0.02)
-            if time.monotonic() - said >= 0.5 and not opts.quiet_wait:
-                print(f"train_steps rank {rank} waiting in step {step}", flush=True)
-                said = time.monotonic()
-        work.wait()
+        if opts.quiet_wait:
+            dist.all_reduce(value)  # as most scripts call it: blocked in the collective, silent
+        else:
+            work = dist.all_reduce(value, async_op=True)
+            said = time.monotonic()
+            while not work.is_completed():  # a training loop that logs while it waits for its peers
+                time.sleep(0.02)
+                if time.monotonic() - said >= 0.5:
+                    print(f"train_steps rank {rank} waiting in step {step}", flush=True)
+                    said = time.monotonic()
+            work.wait()
         expected = float(world * (step + 1))
         if value.item() != expected:
             print(f"train_steps rank {rank}: all_reduce gave {value.item()}, expected {expected}", flush=True)

@@ -178,6 +178,7 @@ class JobWatch:
             if pod.status.pod_ip:
                 seen["ip"] = pod.status.pod_ip
             done = any(c.state and c.state.terminated for c in pod.status.container_statuses or [])
+            seen["done"] = done
             if done and pod.metadata.name not in self.logs:
                 log = self.cluster.kubectl("logs", "-n", self.namespace, pod.metadata.name,
                                            check=False)
@@ -189,8 +190,15 @@ class JobWatch:
         while time.monotonic() < deadline:
             self.poll()
             if self.job.get("status", {}).get("phase") in phases:
-                self.poll()  # the last pods' logs
-                return self.job
+                # The last pods' logs: a kubelet may not serve one at once (kubectl logs fails while
+                # the container's end is still being recorded); asked again for a while.
+                until = time.monotonic() + 30
+                while True:
+                    self.poll()
+                    if all(name in self.logs for name, seen in self.pods.items() if seen.get("done")) \
+                            or time.monotonic() > until:
+                        return self.job
+                    time.sleep(1)
             time.sleep(1)
         pods = self.cluster.kubectl("get", "pods", "-n", self.namespace, "-o", "wide",
                                     check=False).stdout
