@@ -171,7 +171,9 @@ class JobWatch:
 
     def poll(self) -> None:
         self.job = get_job(self.cluster, self.namespace, self.name)
+        self.listed = []  # the pods there now (a pod gone has no log to ask for)
         for pod in job_pods(self.cluster, self.namespace, self.name):
+            self.listed.append(pod.metadata.name)
             seen = self.pods.setdefault(pod.metadata.name, {})
             seen.update({"labels": pod.metadata.labels or {}, "node": pod.spec.node_name,
                          "phase": pod.status.phase})
@@ -192,10 +194,10 @@ class JobWatch:
             if self.job.get("status", {}).get("phase") in phases:
                 # The last pods' logs: a kubelet may not serve one at once (kubectl logs fails while
                 # the container's end is still being recorded); asked again for a while.
-                until = time.monotonic() + 30
+                until = time.monotonic() + (30 if self.job["status"]["phase"] in ("Succeeded", "Failed") else 0)
                 while True:
                     self.poll()
-                    if all(name in self.logs for name, seen in self.pods.items() if seen.get("done")) \
+                    if all(name in self.logs for name in self.listed if self.pods[name].get("done")) \
                             or time.monotonic() > until:
                         return self.job
                     time.sleep(1)
