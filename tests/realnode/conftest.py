@@ -167,6 +167,7 @@ class JobWatch:
         self.cluster, self.namespace, self.name = cluster, namespace, name
         self.pods: dict[str, dict[str, Any]] = {}
         self.logs: dict[str, str] = {}
+        self.log_errors: dict[str, str] = {}  # why kubectl logs failed, by pod
         self.job: dict[str, Any] = {}
 
     def poll(self) -> None:
@@ -186,21 +187,23 @@ class JobWatch:
                                            check=False)
                 if log.returncode == 0:
                     self.logs[pod.metadata.name] = log.stdout + log.stderr
+                else:
+                    self.log_errors[pod.metadata.name] = log.stderr[-500:]
 
     def wait_phase(self, *phases: str, timeout: float = 300) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.poll()
             if self.job.get("status", {}).get("phase") in phases:
-                # The last pods' logs: a kubelet may not serve one at once (kubectl logs fails while
-                # the container's end is still being recorded); asked again for a while.
+                # The last pods' logs: the job's status can say Succeeded (its coordinator's word)
+                # a moment before every pod's container has ended; once it ended, every pod still
+                # there is waited for (a while) and its log taken.
                 until = time.monotonic() + (30 if self.job["status"]["phase"] in ("Succeeded", "Failed") else 0)
                 while True:
                     self.poll()
-                    if all(name in self.logs for name in self.listed if self.pods[name].get("done")) \
-                            or time.monotonic() > until:
+                    if all(name in self.logs for name in self.listed) or time.monotonic() > until:
                         return self.job
-                    time.sleep(1)
+                    time.sleep(0.5)
             time.sleep(1)
         pods = self.cluster.kubectl("get", "pods", "-n", self.namespace, "-o", "wide",
                                     check=False).stdout

@@ -44,7 +44,7 @@ def test_hello_gloo_example_runs_across_two_real_nodes(real_cluster, real_namesp
 
     nodes = {pod["node"] for pod in watch.pods.values()}
     assert len(nodes) == 2 and all(n.startswith("real-node-") for n in nodes), watch.pods
-    assert len(watch.logs) == 4, watch.logs.keys()
+    assert len(watch.logs) == 4, (watch.logs.keys(), watch.log_errors)
     for pod, log in watch.logs.items():
         assert "sum 10 (expected 10)" in log, f"{pod}:\n{log}"
     # MASTER_ADDR (a headless Service name) was resolved by the cluster DNS, to rank 0's pod.
