@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -54,7 +55,10 @@ KWOK_NODE_SELECTOR = {"type": "kwok"}
 KWOK_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
 SPMD_CRD = REPO / "crds" / "spmd.monarch.dev_spmdjobs.yaml"
 PYTORCHJOB_BUILD = REPO / "benchmarks" / "build-pytorchjob.sh"
-# Hard-coded in training-operator v1.9.3 (pkg/cert): where it reads its serving certificate.
+# Hard-coded in training-operator v1.9.3 (pkg/cert): where it reads its serving certificate. One
+# folder for every instance on the machine: two benchmarks at once (the suite's two workers) wrote
+# each other's files under a starting operator ("tls: failed to find any PEM data"). Each instance
+# runs in a mount namespace of its own where a folder of its trial is bound over this path.
 PYTORCHJOB_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
 PYTORCHJOB_NAMESPACE = "kubeflow"
 JOBSET_BUILD = REPO / "benchmarks" / "build-jobset.sh"
@@ -354,9 +358,16 @@ class PyTorchJobOperator(Controller):
 
         self.probe_port = free_port()
         env = dict(os.environ, KUBECONFIG=str(self.ident.kubeconfig), MY_POD_NAMESPACE=PYTORCHJOB_NAMESPACE)
-        return [str(self.home / "bin" / "training-operator.v1"), "--enable-scheme=pytorchjob",
-                "--metrics-bind-address=0", f"--health-probe-bind-address=127.0.0.1:{self.probe_port}",
-                f"--webhook-server-port={free_port()}"], env
+        self.cert_dir = self.log_dir / "pytorchjob-certs"
+        shutil.rmtree(self.cert_dir, ignore_errors=True)
+        self.cert_dir.mkdir(parents=True)
+        binary = [str(self.home / "bin" / "training-operator.v1"), "--enable-scheme=pytorchjob",
+                  "--metrics-bind-address=0", f"--health-probe-bind-address=127.0.0.1:{self.probe_port}",
+                  f"--webhook-server-port={free_port()}"]
+        # `exec`: the operator is the process the benchmark stops and measures.
+        bind = (f'mkdir -p {shlex.quote(str(PYTORCHJOB_CERT_DIR))} && mount --bind {shlex.quote(str(self.cert_dir))} '
+                f'{shlex.quote(str(PYTORCHJOB_CERT_DIR))} && exec "$@"')
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", bind, "sh", *binary], env
 
     def started(self, deadline: float) -> None:
         # Stand in for the Secret volume mount: copy the rotator's certificate into its folder.
@@ -370,10 +381,11 @@ class PyTorchJobOperator(Controller):
                 if data.get("tls.crt") and data.get("tls.key"):
                     import base64
 
-                    PYTORCHJOB_CERT_DIR.mkdir(parents=True, exist_ok=True)
                     for k in ("tls.crt", "tls.key", "ca.crt"):
-                        if k in data:
-                            (PYTORCHJOB_CERT_DIR / k).write_bytes(base64.b64decode(data[k]))
+                        if k in data:  # whole files only: the operator watches the folder
+                            part = self.cert_dir / f".{k}.part"
+                            part.write_bytes(base64.b64decode(data[k]))
+                            part.rename(self.cert_dir / k)
                     copied = True
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.probe_port}/readyz", timeout=2) as r:
