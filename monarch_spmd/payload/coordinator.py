@@ -286,11 +286,12 @@ class Coordinator(History, Fencing, Takeovers, Elastic, Capturing):
         gone = f"member {member}'s agent is gone ({reason})"
         if takeover:
             gone += "; a hot spare takes its place"
-        if member in self.waiting or (self.phase in (RUNNING_PHASE, STOPPING) and member not in self.round_members):
+        if self._outside_round(member):
             self.waiting.discard(member)  # not in the round that runs: nothing of it stops
             self.next_joined.discard(member)
             return out + self._maybe_decide()
         if self.phase == JOINING:
+            self.waiting.discard(member)
             self.joined.discard(member)
             if len(self.joined) < self.min_members or 0 not in self.joined:
                 self.quorum_at = None  # below the minimum: an elastic round's wait starts again
@@ -310,6 +311,14 @@ class Coordinator(History, Fencing, Takeovers, Elastic, Capturing):
                                                        "takeover": bool(takeover)}, self.received))
             out.extend(self._maybe_decide())
         return out
+
+    def _outside_round(self, member: int) -> bool:
+        """Whether ``member`` is no part of the round that runs or stops: an elastic gang's member
+        waiting for the next one, or one the round was started without. An open round holds
+        whoever joined it, a member that waited for it too (``waiting`` is emptied only at ``go``)."""
+        if self.phase == JOINING:
+            return False
+        return member in self.waiting or (self.phase in (RUNNING_PHASE, STOPPING) and member not in self.round_members)
 
     def heartbeat(self, member: int, now: float, *, idle: float | None = None, rank: int | None = None,
                   line: str = "", fresh: float | None = None) -> list[Out]:

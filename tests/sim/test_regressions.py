@@ -155,6 +155,17 @@ REGRESSIONS: dict[str, Regression] = {r.defect: r for r in (
         _base(seed=2, train=77.0, faults=[{"t": 5.0, "kind": "delete", "target": 1},
                                           {"t": 86.4, "kind": "freeze", "target": 1, "duration": 8.1}]),
         "invariant 5", lambda mp: mp.setattr(inplace, "ended_but_lost", lambda p, current: [])),
+    Regression(
+        "an elastic member lost while the round it waited for is open still counts as joined, and the round "
+        "goes without it and never stops",
+        "a member lost while a round is open leaves its joined members, whether or not it waited for that "
+        "round while a smaller one ran (coordinator.Coordinator._outside_round)",
+        _base(seed=140407, pods=3, procs=2, min=1, elastic_wait=1, grace=5, extra_nodes=2, stubborn=0.3,
+              train=45.0, faults=[{"t": 2.7, "kind": "drain"}, {"t": 59.7, "kind": "drain"},
+                                  {"t": 70.2, "kind": "drain"}]),
+        "invariant 5", lambda mp: mp.setattr(
+            Coordinator, "_outside_round", lambda self, m: m in self.waiting or (
+                self.phase in ("running", "stopping") and m not in self.round_members))),
 )}
 
 
