@@ -20,6 +20,7 @@ import yaml
 from kubernetes import client
 
 from devcluster import KWOK_TOLERATION, PROCESS_NODE, LocalCluster
+from devcluster import kueue as kueue_objects
 from devcluster.localcluster import REPO_ROOT
 from monarch_spmd import ports
 from spmd_operator import names
@@ -149,3 +150,41 @@ def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
 
 def probe_lines(log: str, tag: str) -> list[dict[str, Any]]:
     return [json.loads(line.split(" ", 1)[1]) for line in log.splitlines() if line.startswith(tag + " ")]
+
+
+#: The Kueue ResourceFlavor of the process node (where pods run for real), made by process_queue.
+PROCESS_FLAVOR = "process-node"
+
+
+@pytest.fixture
+def process_queue(kueue_cluster: LocalCluster, namespace: str) -> Iterator[Callable[..., str]]:
+    """make(cpu, prefix="queue") -> queue: a ClusterQueue with that CPU quota (and ample memory)
+    on the process node's flavor (PROCESS_FLAVOR), and a LocalQueue of the same name in the
+    test's namespace; the ClusterQueues are deleted after the test (the namespace takes the
+    LocalQueues)."""
+    api = client.CustomObjectsApi(kueue_cluster.api_client())
+    group, version = kueue_objects.API_GROUP, kueue_objects.API_VERSION
+    try:
+        api.create_cluster_custom_object(group, version, "resourceflavors", kueue_objects.resource_flavor(
+            PROCESS_FLAVOR, node_labels={"kubernetes.io/hostname": PROCESS_NODE}))
+    except client.ApiException as err:
+        if err.status != 409:
+            raise
+    made: list[str] = []
+
+    def make(cpu: str, prefix: str = "queue") -> str:
+        name = f"{prefix}-{len(made)}-{namespace[-6:]}"
+        api.create_cluster_custom_object(group, version, "clusterqueues", kueue_objects.cluster_queue(
+            name, PROCESS_FLAVOR, {"cpu": cpu, "memory": "4Gi"}))
+        api.create_namespaced_custom_object(group, version, namespace, "localqueues",
+                                            kueue_objects.local_queue(namespace, name, name))
+        made.append(name)
+        return name
+
+    yield make
+    for name in made:
+        try:
+            api.delete_cluster_custom_object(group, version, "clusterqueues", name)
+        except client.ApiException as err:
+            if err.status != 404:
+                raise

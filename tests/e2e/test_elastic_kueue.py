@@ -16,45 +16,11 @@ import pytest
 from kubernetes import client
 
 from devcluster import kueue as kueue_objects
-from devcluster.localcluster import PROCESS_NODE
 from spmd_operator import names
 from tests.e2e.conftest import apply, job_manifest, job_pods, job_ref, wait_job, wait_phase, wait_until
 
 pytestmark = pytest.mark.cluster
-FLAVOR = "process-node"
 POD_CPU = "100m"
-
-
-@pytest.fixture
-def process_queue(kueue_cluster, namespace):
-    """make(cpu): a ClusterQueue with that CPU quota on the process node's flavor, and a LocalQueue
-    in the test's namespace; both deleted after the test."""
-    api = client.CustomObjectsApi(kueue_cluster.api_client())
-    group, version = kueue_objects.API_GROUP, kueue_objects.API_VERSION
-    try:
-        api.create_cluster_custom_object(group, version, "resourceflavors", kueue_objects.resource_flavor(
-            FLAVOR, node_labels={"kubernetes.io/hostname": PROCESS_NODE}))
-    except client.ApiException as err:
-        if err.status != 409:
-            raise
-    made: list[str] = []
-
-    def make(cpu: str) -> str:
-        name = f"elastic-{len(made)}-{namespace[-6:]}"
-        api.create_cluster_custom_object(group, version, "clusterqueues", kueue_objects.cluster_queue(
-            name, FLAVOR, {"cpu": cpu, "memory": "4Gi"}))
-        api.create_namespaced_custom_object(group, version, namespace, "localqueues",
-                                            kueue_objects.local_queue(namespace, name, name))
-        made.append(name)
-        return name
-
-    yield make
-    for name in made:
-        try:
-            api.delete_cluster_custom_object(group, version, "clusterqueues", name)
-        except client.ApiException as err:
-            if err.status != 404:
-                raise
 
 
 def elastic_job(name: str, queue: str, checkpoints: str, gate: str) -> dict:
@@ -93,7 +59,7 @@ def test_an_elastic_job_shrinks_and_grows_back_within_one_kueue_admission(runnin
                                                                           tmp_path):
     c = running_operator
     gate = tmp_path / "replacement-may-start"
-    apply(c, namespace, elastic_job("elastic", process_queue("300m"), str(tmp_path), str(gate)))
+    apply(c, namespace, elastic_job("elastic", process_queue("300m", "elastic"), str(tmp_path), str(gate)))
     job = wait_phase(c, namespace, "elastic", "Running", timeout=180)
     wl = workload(c, namespace, job)
     assert wl["spec"]["podSets"][0]["count"] == 3, "the pod set is the largest size"
@@ -122,7 +88,7 @@ def test_an_elastic_job_shrinks_and_grows_back_within_one_kueue_admission(runnin
 def test_a_quota_for_only_the_minimum_admits_nothing_and_no_pod_is_created(running_operator, process_queue,
                                                                            namespace, tmp_path):
     c = running_operator
-    apply(c, namespace, elastic_job("small", process_queue("200m"), str(tmp_path), str(tmp_path / "gate")))
+    apply(c, namespace, elastic_job("small", process_queue("200m", "elastic"), str(tmp_path), str(tmp_path / "gate")))
     job = wait_job(c, namespace, "small", lambda j: "insufficient quota" in (j.get("status") or {}).get("message", ""),
                    timeout=90, what="Kueue's reason in the job's status")
     assert job["status"]["phase"] == "Suspended" and job["status"]["reason"] == "WaitingForAdmission"

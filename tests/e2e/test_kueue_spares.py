@@ -28,48 +28,15 @@ from kubernetes import watch as kwatch
 from devcluster import kueue as kueue_objects
 from devcluster.localcluster import PROCESS_NODE
 from spmd_operator import names
-from tests.e2e.conftest import apply, job_events, job_pods, job_ref
+from tests.e2e.conftest import PROCESS_FLAVOR, apply, job_events, job_pods, job_ref
 from tests.e2e.test_combinations import (AGAIN, START, beside_spares, gang_trains, manifest, restarting_events,
                                          uncounted)
 from tests.e2e.test_combinations import follow  # noqa: F401 - a fixture of the tests below
 
 pytestmark = pytest.mark.cluster
-FLAVOR = "process-node"
 #: One pod's requests (each pod of the job, spare included): the quotas below are multiples of it.
 POD_CPU, POD_MEMORY = "100m", "64Mi"
 GROUP, VERSION = kueue_objects.API_GROUP, kueue_objects.API_VERSION
-
-
-@pytest.fixture
-def process_queue(kueue_cluster, namespace):
-    """make(cpu) -> queue: a ClusterQueue with that CPU quota (and ample memory) on the process
-    node's flavor, and a LocalQueue of the same name in the test's namespace; deleted after the
-    test. (As tests/e2e/test_elastic_kueue.py's fixture.)"""
-    api = client.CustomObjectsApi(kueue_cluster.api_client())
-    try:
-        api.create_cluster_custom_object(GROUP, VERSION, "resourceflavors", kueue_objects.resource_flavor(
-            FLAVOR, node_labels={"kubernetes.io/hostname": PROCESS_NODE}))
-    except client.ApiException as err:
-        if err.status != 409:
-            raise
-    made: list[str] = []
-
-    def make(cpu: str) -> str:
-        name = f"spares-{len(made)}-{namespace[-6:]}"
-        api.create_cluster_custom_object(GROUP, VERSION, "clusterqueues", kueue_objects.cluster_queue(
-            name, FLAVOR, {"cpu": cpu, "memory": "4Gi"}))
-        api.create_namespaced_custom_object(GROUP, VERSION, namespace, "localqueues",
-                                            kueue_objects.local_queue(namespace, name, name))
-        made.append(name)
-        return name
-
-    yield make
-    for name in made:
-        try:
-            api.delete_cluster_custom_object(GROUP, VERSION, "clusterqueues", name)
-        except client.ApiException as err:
-            if err.status != 404:
-                raise
 
 
 def spared_job(name: str, queue: str) -> dict[str, Any]:
@@ -208,7 +175,7 @@ def test_a_quota_for_the_gang_and_its_spare_admits_both_and_the_spare_becomes_re
     3 pods (the spare's requests included), Kueue admits it, the two members train and the spare
     is ready (status.spares.ready 1); every pod was created once admitted, on the admitted flavor."""
     c, name = running_operator, "fits"
-    queue = process_queue("300m")
+    queue = process_queue("300m", "spares")
     applied = time.monotonic()
     apply(c, namespace, spared_job(name, queue))
     w = follow(name)
@@ -253,7 +220,7 @@ def test_a_quota_for_the_gang_but_not_its_spare_admits_nothing_and_says_the_spar
     says the spare is what does not fit, then Kueue's own message. Raising the quota to 300m, as
     the message says, admits the job with its 3 pods."""
     c, name = running_operator, "short"
-    queue = process_queue("200m")
+    queue = process_queue("200m", "spares")
     applied = time.monotonic()
     apply(c, namespace, spared_job(name, queue))
     w = follow(name)
@@ -263,12 +230,12 @@ def test_a_quota_for_the_gang_but_not_its_spare_admits_nothing_and_says_the_spar
     status = job["status"]
     assert (status["phase"], status["reason"]) == ("Suspended", "WaitingForAdmission"), status
     want = (f"waiting for Kueue to admit all 3 pods (2 of the gang and 1 hot spare) on queue {queue}; the quota "
-            f"of cpu in flavor {FLAVOR} holds the gang's 2 pods but not its hot spare: lower spec.spares or "
+            f"of cpu in flavor {PROCESS_FLAVOR} holds the gang's 2 pods but not its hot spare: lower spec.spares or "
             "raise the quota: ")
     message = status["message"]
     assert message.startswith(want), f"status.message:\n  {message}\nwanted it to begin:\n  {want}"
     kueue_said = message[len(want):]
-    assert "insufficient quota for cpu in flavor " + FLAVOR in kueue_said, kueue_said
+    assert "insufficient quota for cpu in flavor " + PROCESS_FLAVOR in kueue_said, kueue_said
     assert "current podset request (300m) > maximum capacity (200m)" in kueue_said, kueue_said
     suspended = next(x for x in status["conditions"] if x["type"] == "Suspended")
     assert (suspended["status"], suspended["reason"], suspended["message"]) == ("True", "WaitingForAdmission",
@@ -286,7 +253,7 @@ def test_a_quota_for_the_gang_but_not_its_spare_admits_nothing_and_says_the_spar
 
     # The user raises the quota as told: the job is admitted, with its spare.
     client.CustomObjectsApi(kueue_cluster.api_client()).patch_cluster_custom_object(
-        GROUP, VERSION, "clusterqueues", queue, kueue_objects.cluster_queue(queue, FLAVOR, {"cpu": "300m",
+        GROUP, VERSION, "clusterqueues", queue, kueue_objects.cluster_queue(queue, PROCESS_FLAVOR, {"cpu": "300m",
                                                                                             "memory": "4Gi"}))
     raised = time.monotonic()
     w.until(lambda j: j["status"]["phase"] != "Suspended" and len(w.created) >= 3, 90,
@@ -323,7 +290,7 @@ def test_a_member_deleted_under_kueue_is_taken_over_by_the_spare_within_the_one_
     Workload with the same admission: never evicted, never requeued, its quota never given back,
     and the ClusterQueue keeps 300m reserved for it."""
     c, name = running_operator, "takeover"
-    queue = process_queue("300m")
+    queue = process_queue("300m", "spares")
     apply(c, namespace, spared_job(name, queue))
     w = follow(name)
     w.until(lambda j: spare_ready(j) == 1 and gang_trains(c, namespace, name, j, 2), START,
