@@ -146,7 +146,8 @@ if [ "$WORKERS" != 0 ]; then
 fi
 start=$(date +%s)
 set +e
-"$PY" -m pytest -p no:cacheprovider "${XDIST[@]}" "$@"
+# The 30 slowest tests are listed at the end: where the suite's time goes.
+"$PY" -m pytest -p no:cacheprovider --durations=30 "${XDIST[@]}" "$@"
 rc=$?
 set -e
 TESTS=$(since "$start")
