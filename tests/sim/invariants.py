@@ -193,8 +193,9 @@ def on_status(sim: Sim, before: dict[str, Any], after: dict[str, Any], plan: lif
             lost.add(failure.get("node"))
         attempt = after.get("restarts")
         old = [p.info() for p in sim.cluster.pods.values()]
-        old = [i for i in old if i is not None and i.spare is None and i.restart != attempt
-               and i.phase not in ("Succeeded", "Failed")]
+        # Hot spares of older attempts count: the new attempt waits for them too (a spare assigned
+        # a place before its SIGTERM came runs that member's ranks).
+        old = [i for i in old if i is not None and i.restart != attempt and i.phase not in ("Succeeded", "Failed")]
         elsewhere = [i for i in old if i.node not in lost]
         found = re.fullmatch(r"waiting for (\d+) pods of the previous attempt .*podReplacementPolicy\)",
                              str(waiting.get("message")))

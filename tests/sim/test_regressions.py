@@ -16,7 +16,7 @@ import pytest
 
 from monarch_spmd.payload import fence
 from monarch_spmd.payload.coordinator import Coordinator
-from spmd_operator.lifecycle import inplace, spares
+from spmd_operator.lifecycle import gang, inplace, spares
 
 from .core import Violation
 from .operator import Operator as SimOperator
@@ -166,6 +166,14 @@ REGRESSIONS: dict[str, Regression] = {r.defect: r for r in (
         "invariant 5", lambda mp: mp.setattr(
             Coordinator, "_outside_round", lambda self, m: m in self.waiting or (
                 self.phase in ("running", "stopping") and m not in self.round_members))),
+    Regression(
+        "a new attempt starts beside a hot spare of the old one that the old coordinator gave a place before "
+        "its SIGTERM came",
+        "the next attempt waits for the older attempts' spares to terminate as for their members "
+        "(lifecycle.gang.older_spares)",
+        _base(seed=49, procs=2, spares=2, grace=5, extra_nodes=2, stubborn=0.3,
+              faults=[{"t": 1.7, "kind": "delete", "target": 0}]),
+        "invariant 3", lambda mp: mp.setattr(gang, "older_spares", lambda p: [])),
 )}
 
 

@@ -119,11 +119,11 @@ def test_the_three_lanes_run_at_once_and_every_step_says_its_time(tree: Path):
     assert started[-1] == "pytest"
     pytest_line = next(e for e in events(tree) if e.startswith("start pytest "))
     # two xdist workers, each session cluster's tests kept together (tests/conftest.py)
-    assert pytest_line.startswith("start pytest -p no:cacheprovider -n 2 --dist loadgroup -q -x ")
+    assert pytest_line.startswith("start pytest -p no:cacheprovider --durations=30 -n 2 --dist loadgroup -q -x ")
     assert "K8S=/stub/k8s/bin REAL=/stub/realnode/bin KUEUE=/stub/kueue" in pytest_line
     one = run(tree, "-q", MONARCH_SPMD_TEST_WORKERS="0")
     assert one.returncode == 0, one.stdout + one.stderr
-    assert events(tree)[-1].startswith("start pytest -p no:cacheprovider -q K8S="), "0 workers: plain pytest"
+    assert events(tree)[-1].startswith("start pytest -p no:cacheprovider --durations=30 -q K8S="), "0 workers: plain pytest"
     out = result.stdout
     for line in ("cluster binaries in /stub/k8s/bin (", "real-node binaries in /stub/realnode/bin (",
                  "Kueue in /stub/kueue (", "JobSet ready (", "PyTorchJob's operator ready (",

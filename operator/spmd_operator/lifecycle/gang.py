@@ -72,9 +72,16 @@ def replace(p: Pass, nxt: int, why: str) -> None:
         p.create_pods(range(p.pods_per_attempt), nxt)
 
 
+def older_spares(p: Pass) -> list[PodInfo]:
+    """The hot spares of attempts before the one the pass works on."""
+    return [s for s in p.o.spares if s.restart != p.restart]
+
+
 def _old_pods_block(p: Pass) -> bool:
-    """Whether the next attempt must still wait for pods of older attempts to go away."""
-    blocking = [pod for pod in p.stale() if pod.phase not in (SUCCEEDED, "Failed")]
+    """Whether the next attempt must still wait for pods of older attempts to go away, their hot
+    spares included: a spare the old coordinator assigned a place before its SIGTERM came runs that
+    member's ranks (the kubelet may be seconds late with it)."""
+    blocking = [pod for pod in (*p.stale(), *older_spares(p)) if pod.phase not in (SUCCEEDED, "Failed")]
     if not blocking or p.spec.pod_replacement_policy == REPLACE_AT_ONCE:
         return False
     since = parse_time((p.o.status.get("failure") or {}).get("time")) or p.now
