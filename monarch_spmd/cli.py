@@ -99,6 +99,10 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="an elastic job (--nnodes MIN:MAX): how long a round with at least MIN nodes waits for "
                    "the others before it starts without them, as torchrun's last call "
                    f"(spec.restartPolicy.elasticWaitSeconds; default {runner.DEFAULT_ELASTIC_WAIT})")
+    p.add_argument("--agent-store", action="store_true",
+                   help="rank 0's worker hosts the TCPStore on the master port for the whole run and every rank "
+                   "is its client (TORCHELASTIC_USE_AGENT_STORE=True), as under torchrun: for programs that open "
+                   "the store without init_process_group, such as torchft's Manager (docs/torchft.md)")
     flags = p.add_argument_group(
         "torchrun's flags",
         "torchrun's command line (torch 2.14), read as torchrun reads it; --max-restarts and --master-port "
@@ -267,7 +271,8 @@ def _run_mesh(opts: argparse.Namespace, flags: dict[str, Any], manifest: str | N
         elastic_wait=opts.elastic_wait,
     )
     grace = runner.DEFAULT_GRACE_PERIOD if opts.grace_period is None else opts.grace_period
-    return runner.run(job, grace_period=grace, run_id=opts.run_id, progress_timeout=opts.progress_timeout)
+    return runner.run(job, grace_period=grace, run_id=opts.run_id, progress_timeout=opts.progress_timeout,
+                      agent_store=opts.agent_store)
 
 
 def _run_torchrun(parser: argparse.ArgumentParser, opts: argparse.Namespace, launch: torchrun.Launch) -> int:
@@ -313,6 +318,7 @@ def _run_torchrun(parser: argparse.ArgumentParser, opts: argparse.Namespace, lau
         master_addr=plan.master_addr,
         logs=logs,
         progress_timeout=opts.progress_timeout,
+        agent_store=opts.agent_store,
     )
 
 
