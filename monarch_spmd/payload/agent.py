@@ -751,7 +751,23 @@ class Agent:
         group.finish()
         if self.watchdog is not None:
             self.watchdog.timers.clear(group.pids)
+        self._renew_store()
         return group
+
+    def _renew_store(self) -> None:
+        """A fresh agent store for the next round, before this member says its round ended (so
+        before any member can start the next round's ranks): :mod:`.agentstore`."""
+        if self.store is None:
+            return
+        try:
+            self.store.renew()
+        except agentstore.AgentStoreError as e:
+            self.say(f"{e}; starting it again")
+            try:
+                self.store = agentstore.AgentStore.start(self.store.addr, self.store.port, python=self.command[0])
+            except agentstore.AgentStoreError as again:
+                self.store = None
+                self.say(f"{again}: the next round's ranks will find no store at MASTER_PORT")
 
     def _exited_rows(self) -> list[dict[str, Any]]:
         """The round's processes as ``exited`` reports them (with the reason the agent found)."""

@@ -16,8 +16,16 @@ interpreter that lacks torch): it runs the store in a child process, ``python -c
 
 * up before the first round: the agent waits for the child's ``ready`` line (the store listens
   by then) before it starts any rank;
-* kept across restarts in place: rounds come and go, the child stays (torch's clients prefix
-  their keys with the attempt, TORCHELASTIC_RESTART_COUNT);
+* the same process and port across restarts in place, with a fresh, empty store for every round:
+  when a round's ranks are gone the agent asks the child to renew it (the old TCPStore closed, a
+  new one listening on the same port, milliseconds, torch already imported) before the agent
+  reports the round ended, so before any rank of the next round can start, on any member. torch
+  expects that ("We create a new TCPStore for every retry so no need to add prefix for each
+  attempt", ``_create_c10d_store``): its clients and torchft's Manager write unprefixed keys, and a
+  key left by the round that failed misleads the next one. torchft's rank 0 publishes its
+  Manager's address under ``manager_addr``; with one store for every round a restarted rank 1
+  that reads before the new rank 0 writes gets the dead Manager's address and the group's quorum
+  times out (seen with a store kept across rounds; torchrun's cached store has the same race);
 * gone with the agent: the child reads its stdin, a pipe whose only writer is the agent, and
   exits at its EOF, which comes when the agent exits however it ends (SIGKILL too, and as a
   container's PID 1 where no parent-death signal is set). Where Linux offers it the child also
@@ -40,6 +48,10 @@ from .procs import parent_death_hook
 
 #: The line the child writes once its TCPStore listens.
 READY: Final = "ready"
+#: The line that asks the child for a fresh store on the same port (it answers :data:`READY`).
+RENEW: Final = "renew"
+#: Seconds the agent waits for a renewed store.
+RENEW_TIMEOUT: Final = 30.0
 #: Seconds the agent waits for the store to listen (the child imports torch first).
 START_TIMEOUT: Final = 120.0
 
@@ -61,8 +73,12 @@ except Exception as e:
     sys.exit({EX_TEMPFAIL})
 sys.stdout.write("{READY}\\n")
 sys.stdout.flush()
-while sys.stdin.buffer.read(65536):
-    pass
+for line in sys.stdin:
+    if line.strip() == "{RENEW}":
+        del store
+        store = TCPStore(sys.argv[1], int(sys.argv[2]), is_master=True, multi_tenant=True, wait_for_workers=False)
+        sys.stdout.write("{READY}\\n")
+        sys.stdout.flush()
 """
 
 
@@ -77,8 +93,10 @@ class AgentStoreError(RuntimeError):
 class AgentStore:
     """A running agent store (see the module docstring); :meth:`close` ends it."""
 
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], addr: str, port: int) -> None:
         self.proc = proc
+        self.addr = addr
+        self.port = port
 
     @classmethod
     def start(cls, addr: str, port: int, *, python: str | None = None,
@@ -93,25 +111,42 @@ class AgentStore:
             [python or sys.executable, "-c", SERVER, addr, str(port)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
             preexec_fn=parent_death_hook())
-        assert proc.stdout is not None
+        store = cls(proc, addr, port)
+        store._await_ready(timeout, "listened")
+        return store
+
+    def renew(self, timeout: float = RENEW_TIMEOUT) -> None:
+        """A fresh, empty store on the same port, once this returns (see the module docstring).
+
+        Raises:
+            AgentStoreError: the child is gone or did not answer; it is ended.
+        """
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(f"{RENEW}\n".encode())
+            self.proc.stdin.flush()
+        except OSError:
+            pass  # gone: the wait below says so
+        self._await_ready(timeout, "renewed its store")
+
+    def _await_ready(self, timeout: float, what: str) -> None:
+        stdout = self.proc.stdout
+        assert stdout is not None
         deadline = time.monotonic() + timeout
         line = b""
         while not line.endswith(b"\n"):
-            left = deadline - time.monotonic()
-            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, left))
-            chunk = os.read(proc.stdout.fileno(), 64) if ready else b""
-            if not chunk:
-                store = cls(proc)
-                if ready:  # EOF: the child is gone
-                    code = proc.wait()
-                    raise AgentStoreError(f"the agent store exited with code {code} before it listened on "
-                                          f"{addr}:{port}", EX_USAGE if code == EX_USAGE else EX_TEMPFAIL)
-                store.close()
-                raise AgentStoreError(f"the agent store did not listen on {addr}:{port} within {timeout:g}s",
-                                      EX_TEMPFAIL)
-            line += chunk
-        proc.stdout.close()
-        return cls(proc)
+            ready, _, _ = select.select([stdout], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(stdout.fileno(), 64) if ready else b""
+            if chunk:
+                line += chunk
+                continue
+            self.close(grace=1.0)
+            code = self.proc.returncode
+            if ready:  # EOF: the child is gone
+                raise AgentStoreError(f"the agent store exited with code {code} before it {what} on "
+                                      f"{self.addr}:{self.port}", EX_USAGE if code == EX_USAGE else EX_TEMPFAIL)
+            raise AgentStoreError(f"the agent store had not {what} on {self.addr}:{self.port} after {timeout:g}s",
+                                  EX_TEMPFAIL)
 
     @property
     def pid(self) -> int:
@@ -119,11 +154,12 @@ class AgentStore:
 
     def close(self, grace: float = 5.0) -> None:
         """Ends the store: its stdin closed (it exits), SIGKILL after ``grace`` seconds."""
-        if self.proc.stdin is not None and not self.proc.stdin.closed:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None and not stream.closed:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
         try:
             self.proc.wait(grace)
         except subprocess.TimeoutExpired:
