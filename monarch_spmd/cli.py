@@ -40,7 +40,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from . import runner, torchrun
+from . import replicas, runner, torchrun
 from .payload import contract, names, worker
 
 USAGE = """usage: monarch-spmd {run,manifest,pods,worker,logs,status,validate} ...
@@ -103,6 +103,19 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="rank 0's worker hosts the TCPStore on the master port for the whole run and every rank "
                    "is its client (TORCHELASTIC_USE_AGENT_STORE=True), as under torchrun: for programs that open "
                    "the store without init_process_group, such as torchft's Manager (docs/torchft.md)")
+    groups = p.add_argument_group(
+        "replica groups (torchft)",
+        "G copies of the job, each its own torchrun world with its own master port and agent store, kept "
+        "together by one torchft Lighthouse: a group that fails drops out while the others train on "
+        "(docs/torchft.md). Give these before the training script.")
+    groups.add_argument("--replica-groups", type=int, metavar="G",
+                        help="run G replica groups (REPLICA_GROUP_ID, NUM_REPLICA_GROUPS, TORCHFT_LIGHTHOUSE in "
+                        "every rank's environment); needs torchft (pip install 'monarch-spmd[torchft]')")
+    groups.add_argument("--min-replicas", type=int, metavar="M",
+                        help="the Lighthouse's --min_replicas and the fewest groups the run goes on with, 1..G "
+                        f"(default {replicas.DEFAULT_MIN_REPLICAS})")
+    groups.add_argument("--lighthouse-port", type=int, metavar="PORT",
+                        help="the Lighthouse's port on 127.0.0.1 (default: a free one)")
     flags = p.add_argument_group(
         "torchrun's flags",
         "torchrun's command line (torch 2.14), read as torchrun reads it; --max-restarts and --master-port "
@@ -207,6 +220,8 @@ def run_main(argv: Sequence[str]) -> int:
     own, tail = torchrun.split_options(argv, parser)
     opts = parser.parse_args(own)
     flags = torchrun.given(opts)
+    if opts.replica_groups is not None or opts.min_replicas is not None or opts.lighthouse_port is not None:
+        return _run_replica_groups(parser, argv, opts, flags)
     manifest = opts.manifest
     training, after_dashes = _training(opts, tail)
     if not after_dashes and opts.script and not opts.module and opts.script.endswith(torchrun.MANIFEST_SUFFIXES):
@@ -248,6 +263,58 @@ def run_main(argv: Sequence[str]) -> int:
             return _run_mesh(opts, flags, manifest, training)
         return _run_torchrun(parser, opts, launch)
     except (ValueError, OSError, RuntimeError) as e:
+        print(f"monarch-spmd run: {e}", file=sys.stderr)
+        return 2
+
+
+#: ``run``'s own flags that a replica group's runner must not get again (with their value).
+_GROUP_FLAGS = ("--replica-groups", "--min-replicas", "--lighthouse-port")
+
+
+def _without(argv: Sequence[str], parser: argparse.ArgumentParser, drop: Sequence[str]) -> list[str]:
+    """``argv`` without the options ``drop`` (and their values) ahead of the training script."""
+    args = list(argv)
+    end = torchrun.script_index(args, parser)
+    if end is None:
+        end = args.index("--") if "--" in args else len(args)
+    kept: list[str] = []
+    i = 0
+    while i < end:
+        word = args[i]
+        if word in drop:
+            i += 2
+            continue
+        if word.split("=", 1)[0] in drop:
+            i += 1
+            continue
+        kept.append(word)
+        i += 1
+    return kept + args[end:]
+
+
+def _run_replica_groups(parser: argparse.ArgumentParser, argv: Sequence[str], opts: argparse.Namespace,
+                        flags: dict[str, Any]) -> int:
+    """``monarch-spmd run --replica-groups G ...``: :mod:`monarch_spmd.replicas`."""
+    if opts.replica_groups is None:
+        given = "--min-replicas" if opts.min_replicas is not None else "--lighthouse-port"
+        parser.error(f"{given} goes with --replica-groups G")
+    master_port = flags.get("master_port")
+    port_flags = [o for a in parser._actions if a.dest == "master_port" for o in a.option_strings]
+    job_args = _without(argv, parser, [*_GROUP_FLAGS, *port_flags])
+    again = parser.parse_args(torchrun.split_options(job_args, parser)[0])
+    if again.replica_groups is not None or again.min_replicas is not None or again.lighthouse_port is not None \
+            or "master_port" in torchrun.given(again):
+        parser.error("give --replica-groups, --min-replicas, --lighthouse-port and --master-port each once, before "
+                     "the training script, spelled out")
+    try:
+        options = replicas.check(replicas.Options(
+            groups=opts.replica_groups,
+            min_replicas=replicas.DEFAULT_MIN_REPLICAS if opts.min_replicas is None else opts.min_replicas,
+            lighthouse_port=opts.lighthouse_port,
+            master_port=None if master_port is None else torchrun.int_flag("--master-port", master_port, 1, 65535)))
+        grace = runner.DEFAULT_GRACE_PERIOD if opts.grace_period is None else opts.grace_period
+        return replicas.run(options, job_args, grace_period=grace)
+    except ValueError as e:  # ReplicaGroupsError too: nothing was started
         print(f"monarch-spmd run: {e}", file=sys.stderr)
         return 2
 
