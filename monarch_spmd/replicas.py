@@ -17,7 +17,8 @@ as torchft's own launcher (``torchft/torchx.py``) does with torchrun:
 * G groups, each a child runner with the job's own arguments and: its own master port (a free
   one, or ``--master-port`` + g), the agent store on (``--agent-store``: torchft's Manager is a
   client of the TCPStore at MASTER_PORT), and REPLICA_GROUP_ID=g, NUM_REPLICA_GROUPS=G,
-  TORCHFT_LIGHTHOUSE=http://127.0.0.1:P in its environment, which its ranks inherit;
+  TORCHFT_LIGHTHOUSE=http://127.0.0.1:P in its environment, which its ranks inherit, and
+  TORCHFT_QUORUM_RETRIES=10 unless set (:data:`QUORUM_RETRIES`);
 * every line of a group is passed on with ``[group g] `` before the child's own ``[rank r] ``,
   stdout to stdout and stderr to stderr; the Lighthouse's lines with ``[lighthouse] `` on stderr;
   this module's own lines start with ``[monarch-spmd]`` and go to stderr.
@@ -34,7 +35,7 @@ Failure semantics (:func:`decide`, the one rule):
 * once every group has ended the run exits 0 when at least M ended with 0, with a line naming
   each group that failed for good;
 * the Lighthouse dying is not a group's failure: it is started again on the same port (the
-  groups' quorums wait meanwhile, torchft's clients retry), after a back-off when it keeps dying
+  groups' quorums wait meanwhile: their Managers retry, TORCHFT_QUORUM_RETRIES), after a back-off when it keeps dying
   early; one that cannot listen :data:`LIGHTHOUSE_ATTEMPTS` times in a row stops the run (exit 1);
 * SIGINT, SIGTERM and SIGHUP are passed to every group's runner as they are, the Lighthouse is
   stopped last and the run exits 128+N. Each group's runner and the Lighthouse get a parent-death
@@ -79,6 +80,13 @@ STOP_GRACE: Final = 5.0
 #: The default of ``--min-replicas``: torchft's launcher's default, the most available choice (the
 #: run goes on while any group does).
 DEFAULT_MIN_REPLICAS: Final = 1
+
+#: torchft's Manager reads how many times its quorum call may fail before the rank crashes here.
+QUORUM_RETRIES_VAR: Final = "TORCHFT_QUORUM_RETRIES"
+#: The groups' default: torchft's own (0) ends every rank at the first quorum the Lighthouse
+#: misses, so a Lighthouse started again would find no group left; torchft 0.2.0 retries about
+#: every 5 seconds, so 10 rides out a restart with room to spare.
+QUORUM_RETRIES: Final = 10
 
 _TAG: Final = "[monarch-spmd]"
 #: Every Lighthouse process gets its own event key (a late exit of an old one is never the current one's).
@@ -158,9 +166,10 @@ def group_command(job_args: Sequence[str], master_port: int, python: str | None 
 
 
 def group_env(base: Mapping[str, str], group: int, groups: int, lighthouse_port: int) -> dict[str, str]:
-    """Group ``group``'s environment: ``base`` with torchft's three variables, as its launcher sets them."""
-    return {**base, "REPLICA_GROUP_ID": str(group), "NUM_REPLICA_GROUPS": str(groups),
-            "TORCHFT_LIGHTHOUSE": f"http://{LIGHTHOUSE_ADDR}:{lighthouse_port}"}
+    """Group ``group``'s environment: ``base`` with torchft's three variables, as its launcher sets
+    them, and :data:`QUORUM_RETRIES_VAR` unless ``base`` sets it."""
+    return {QUORUM_RETRIES_VAR: str(QUORUM_RETRIES), **base, "REPLICA_GROUP_ID": str(group),
+            "NUM_REPLICA_GROUPS": str(groups), "TORCHFT_LIGHTHOUSE": f"http://{LIGHTHOUSE_ADDR}:{lighthouse_port}"}
 
 
 def master_ports(opts: Options, pick: Callable[[], int] | None = None) -> list[int]:
