@@ -212,9 +212,8 @@ def exit_code(codes: Sequence[int | None], min_replicas: int, last_failed: int |
     whose failure left too few), else 1."""
     if sum(1 for c in codes if c == 0) >= min_replicas:
         return 0
-    if last_failed is not None and codes[last_failed]:
-        return int(codes[last_failed])  # type: ignore[arg-type]
-    return 1
+    failed = codes[last_failed] if last_failed is not None else None
+    return failed or 1
 
 
 # --- processes ----------------------------------------------------------------------------------
@@ -472,7 +471,6 @@ def _supervise(opts: Options, binary: str, groups: list[_Child], lighthouse: lis
             stop_deadline = time.monotonic() + 60
     if received:
         return 128 + received[0]
-    verdict = decide(codes, opts.min_replicas)
     failed = [(g, c) for g, c in enumerate(codes) if c]
     code = exit_code(codes, opts.min_replicas, last_failed)
     if code == 0:
@@ -482,7 +480,6 @@ def _supervise(opts: Options, binary: str, groups: list[_Child], lighthouse: lis
             line += "; " + ", ".join(f"group {g} failed for good (exit code {c})" for g, c in failed)
         note(line)
         return 0
-    assert verdict == STOP or last_failed is not None
     g = last_failed if last_failed is not None else failed[0][0]
     note(f"replica groups failed: group {g} exited with code {codes[g]}, leaving fewer than --min-replicas "
          f"{opts.min_replicas} of {len(groups)} groups running or finished")

@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 import time
 
 import pytest
 
-from .conftest import cli_cmd
+from .conftest import cli_cmd, free_port
 
 pytest.importorskip("torchft")
 
@@ -189,3 +190,28 @@ def test_sigterm_reaches_every_group_and_nothing_is_left(spawn):
         assert f"[group {g}] [monarch-spmd] SIGTERM received; passing it to every rank and stopping" in out, out[-3000:]
         assert any(line.startswith(f"[monarch-spmd] group {g} stopped (exit code ") for line in said), said
     assert not left(pids(out))
+
+
+AGENT = """
+import sys, time
+from monarch_spmd.payload.agentstore import AgentStore
+store = AgentStore.start("127.0.0.1", int(sys.argv[1]))
+print(store.pid, flush=True)
+from torch.distributed import TCPStore
+client = TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False, wait_for_workers=False)
+client.set("manager_addr", "old")
+store.renew()  # a fresh store for the next round: the old round's key is gone
+client = TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False, wait_for_workers=False)
+print("renewed", client.check(["manager_addr"]), flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_agent_store_is_fresh_each_round_and_dies_with_its_agent(spawn):
+    agent = spawn([sys.executable, "-c", AGENT, str(free_port())])
+    text = agent.wait_for(r"^renewed ", timeout=120)
+    assert "renewed False" in text, text
+    store = int(text.splitlines()[0])
+    os.kill(agent.proc.pid, signal.SIGKILL)  # the agent dies however it dies: its store goes too
+    agent.finish(30)
+    assert not left({store}), f"the agent store (pid {store}) outlived its agent"
