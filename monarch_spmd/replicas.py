@@ -56,7 +56,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Final
+from typing import IO, Any, Final
 
 from .payload.agent import STOP_SIGNALS
 from .payload.procs import parent_death_hook
@@ -329,7 +329,7 @@ def run(opts: Options, job_args: Sequence[str], *, python: str | None = None, st
         received.append(signum)
         events.put((("signal", signum), 0))
 
-    handlers: dict[int, object] = {}
+    handlers: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         handlers = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
     groups: list[_Child] = []
@@ -365,7 +365,7 @@ def run(opts: Options, job_args: Sequence[str], *, python: str | None = None, st
                     child.kill()
                     child.proc.wait()
         for s, handler in handlers.items():
-            signal.signal(s, handler)  # type: ignore[arg-type]
+            signal.signal(s, handler)
 
 
 def _start_lighthouse(binary: str, opts: Options, out: _Output, events: queue.Queue, note: Callable[[str], None],
@@ -375,6 +375,17 @@ def _start_lighthouse(binary: str, opts: Options, out: _Output, events: queue.Qu
     assert port is not None
     backoff = 0.5
     for attempt in range(1, LIGHTHOUSE_ATTEMPTS + 1):
+        if _listening(port):  # another process's: ours would fail to bind, and look up
+            if first:
+                note(f"port {port} of the lighthouse is taken by another process: give another --lighthouse-port")
+                return None
+            note(f"port {port} of the lighthouse is taken by another process (attempt {attempt} of "
+                 f"{LIGHTHOUSE_ATTEMPTS})")
+            if received:
+                return None
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 8.0)
+            continue
         child = _Child(("lighthouse", next(_LIGHTHOUSES)), lighthouse_command(binary, port, opts.min_replicas), None, out,
                        "[lighthouse] ", events, signal.SIGKILL)
         deadline = time.monotonic() + LIGHTHOUSE_START_TIMEOUT
