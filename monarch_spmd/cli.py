@@ -5,6 +5,7 @@ Subcommands::
     monarch-spmd run --mesh hosts=2,gpus=2 [options] -- -m train --lr 0.001
     monarch-spmd run -f job.yaml [options] [-- ARGV]       # the SPMDJob manifest kubectl applies
     monarch-spmd run --nproc-per-node 4 train.py --lr 0.1  # torchrun's flags (monarch_spmd.torchrun)
+    monarch-spmd run --replica-groups 3 --nproc-per-node 2 train.py   # torchft (monarch_spmd.replicas)
     monarch-spmd manifest --image IMAGE -- torchrun --nnodes 2 --nproc-per-node 8 -m train
     monarch-spmd manifest ... --pods -- torchrun ...       # the pods the operator makes of it
     monarch-spmd pods -f job.yaml [-o yaml|json|table] [--dry-run=server]
@@ -22,7 +23,8 @@ untouched (but for torchrun's flags ahead of it). Otherwise ``run`` reads torchr
 (:mod:`monarch_spmd.torchrun`): its flags, then the script and the script's arguments, ``--``
 before the script allowed. torchrun's flags may also follow ``--``, with or without the word
 torchrun, meaning what they mean before it. ``run`` is
-:mod:`monarch_spmd.runner`, ``manifest`` prints the SPMDJob of a torchrun command line,
+:mod:`monarch_spmd.runner` (with ``--replica-groups``, :mod:`monarch_spmd.replicas`, which runs a
+runner per group), ``manifest`` prints the SPMDJob of a torchrun command line,
 ``worker`` is :mod:`monarch_spmd.payload.worker`, ``logs`` is :mod:`monarch_spmd.logs`, ``pods``
 (and ``manifest --pods``) is :mod:`monarch_spmd.podview`.
 """
