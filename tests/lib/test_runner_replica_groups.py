@@ -84,10 +84,13 @@ def test_a_torchft_script_trains_in_one_group_with_torchfts_variables_and_the_ag
     assert not left(pids(out))
 
 
-def test_init_process_group_is_a_client_of_the_agent_store_also_after_a_restart_in_place(spawn):
+@pytest.mark.parametrize("shape", [("--nproc-per-node", "2"), ("--mesh", "procs=2", "--")],
+                         ids=["one-worker", "a-worker-per-rank"])
+def test_init_process_group_is_a_client_of_the_agent_store_also_after_a_restart_in_place(spawn, shape):
     # A torchrun-style script (gloo, env://) with the agent store on: torch makes every rank a
     # client of the store at MASTER_ADDR:MASTER_PORT; rank 1 fails once, the gang restarts in place.
-    proc = spawn(cli_cmd("run", "--agent-store", "--nproc-per-node", "2", "--max-restarts", "1", "-m",
+    # With a worker per rank the store is rank 0's worker's, and rank 1 reaches it from another worker.
+    proc = spawn(cli_cmd("run", "--agent-store", "--max-restarts", "1", *shape, "-m",
                          "tests.programs.fail_once", "--rank", "1"))
     assert proc.finish(240) == 0, proc.text
     out = proc.text
