@@ -151,6 +151,19 @@ def test_below_min_replicas_every_group_is_stopped_and_the_run_names_the_group(s
     assert not left(pids(out))
 
 
+def test_a_group_failed_for_good_is_named_when_the_others_finish(spawn):
+    proc = start(spawn, "--replica-groups", "2", "--max-restarts", "0",
+                 program=("--steps", "15", "--fail-group", "1", "--fail-rank", "1", "--fail-step", "3", "--code", "1"))
+    assert proc.finish(240) == 0, proc.text
+    out = proc.text
+    said = own_lines(out)
+    assert ("[monarch-spmd] group 1 failed for good with exit code 1 (its restarts used up, or a permanent failure); "
+            "1 of 2 groups are running or finished, at least --min-replicas 1: the others go on") in said, said
+    assert max(s["step"] for s in steps(out) if s["group"] == 0) == 15
+    assert said[-1] == "[monarch-spmd] 1 of 2 replica groups finished; group 1 failed for good (exit code 1)", said
+    assert not left(pids(out))
+
+
 def test_the_lighthouse_killed_is_started_again_and_training_finishes(spawn):
     proc = start(spawn, "--replica-groups", "2", program=("--steps", "40", "--step-seconds", "0.05"))
     text = proc.wait_for(r"^\[group 0\] \[rank 0\] torchft_train group 0 rank 0 pid \d+ attempt 0 step 5 ", timeout=240)
