@@ -5,6 +5,7 @@ Subcommands::
     monarch-spmd run --mesh hosts=2,gpus=2 [options] -- -m train --lr 0.001
     monarch-spmd run -f job.yaml [options] [-- ARGV]       # the SPMDJob manifest kubectl applies
     monarch-spmd run --nproc-per-node 4 train.py --lr 0.1  # torchrun's flags (monarch_spmd.torchrun)
+    monarch-spmd run --replica-groups 3 --nproc-per-node 2 train.py   # torchft (monarch_spmd.replicas)
     monarch-spmd manifest --image IMAGE -- torchrun --nnodes 2 --nproc-per-node 8 -m train
     monarch-spmd manifest ... --pods -- torchrun ...       # the pods the operator makes of it
     monarch-spmd pods -f job.yaml [-o yaml|json|table] [--dry-run=server]
@@ -22,7 +23,8 @@ untouched (but for torchrun's flags ahead of it). Otherwise ``run`` reads torchr
 (:mod:`monarch_spmd.torchrun`): its flags, then the script and the script's arguments, ``--``
 before the script allowed. torchrun's flags may also follow ``--``, with or without the word
 torchrun, meaning what they mean before it. ``run`` is
-:mod:`monarch_spmd.runner`, ``manifest`` prints the SPMDJob of a torchrun command line,
+:mod:`monarch_spmd.runner` (with ``--replica-groups``, :mod:`monarch_spmd.replicas`, which runs a
+runner per group), ``manifest`` prints the SPMDJob of a torchrun command line,
 ``worker`` is :mod:`monarch_spmd.payload.worker`, ``logs`` is :mod:`monarch_spmd.logs`, ``pods``
 (and ``manifest --pods``) is :mod:`monarch_spmd.podview`.
 """
@@ -40,7 +42,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from . import runner, torchrun
+from . import replicas, runner, torchrun
 from .payload import contract, names, worker
 
 USAGE = """usage: monarch-spmd {run,manifest,pods,worker,logs,status,validate} ...
@@ -99,6 +101,23 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="an elastic job (--nnodes MIN:MAX): how long a round with at least MIN nodes waits for "
                    "the others before it starts without them, as torchrun's last call "
                    f"(spec.restartPolicy.elasticWaitSeconds; default {runner.DEFAULT_ELASTIC_WAIT})")
+    p.add_argument("--agent-store", action="store_true",
+                   help="rank 0's worker hosts the TCPStore on the master port for the whole run and every rank "
+                   "is its client (TORCHELASTIC_USE_AGENT_STORE=True), as under torchrun: for programs that open "
+                   "the store without init_process_group, such as torchft's Manager (docs/torchft.md)")
+    groups = p.add_argument_group(
+        "replica groups (torchft)",
+        "G copies of the job, each its own torchrun world with its own master port and agent store, kept "
+        "together by one torchft Lighthouse: a group that fails drops out while the others train on "
+        "(docs/torchft.md). Give these before the training script.")
+    groups.add_argument("--replica-groups", type=int, metavar="G",
+                        help="run G replica groups (REPLICA_GROUP_ID, NUM_REPLICA_GROUPS, TORCHFT_LIGHTHOUSE in "
+                        "every rank's environment); needs torchft (pip install 'monarch-spmd[torchft]')")
+    groups.add_argument("--min-replicas", type=int, metavar="M",
+                        help="the Lighthouse's --min_replicas and the fewest groups the run goes on with, 1..G "
+                        f"(default {replicas.DEFAULT_MIN_REPLICAS})")
+    groups.add_argument("--lighthouse-port", type=int, metavar="PORT",
+                        help="the Lighthouse's port on 127.0.0.1 (default: a free one)")
     flags = p.add_argument_group(
         "torchrun's flags",
         "torchrun's command line (torch 2.14), read as torchrun reads it; --max-restarts and --master-port "
@@ -203,6 +222,8 @@ def run_main(argv: Sequence[str]) -> int:
     own, tail = torchrun.split_options(argv, parser)
     opts = parser.parse_args(own)
     flags = torchrun.given(opts)
+    if opts.replica_groups is not None or opts.min_replicas is not None or opts.lighthouse_port is not None:
+        return _run_replica_groups(parser, argv, opts, flags)
     manifest = opts.manifest
     training, after_dashes = _training(opts, tail)
     if not after_dashes and opts.script and not opts.module and opts.script.endswith(torchrun.MANIFEST_SUFFIXES):
@@ -248,6 +269,58 @@ def run_main(argv: Sequence[str]) -> int:
         return 2
 
 
+#: ``run``'s own flags that a replica group's runner must not get again (with their value).
+_GROUP_FLAGS = ("--replica-groups", "--min-replicas", "--lighthouse-port")
+
+
+def _without(argv: Sequence[str], parser: argparse.ArgumentParser, drop: Sequence[str]) -> list[str]:
+    """``argv`` without the options ``drop`` (and their values) ahead of the training script."""
+    args = list(argv)
+    end = torchrun.script_index(args, parser)
+    if end is None:
+        end = args.index("--") if "--" in args else len(args)
+    kept: list[str] = []
+    i = 0
+    while i < end:
+        word = args[i]
+        if word in drop:
+            i += 2
+            continue
+        if word.split("=", 1)[0] in drop:
+            i += 1
+            continue
+        kept.append(word)
+        i += 1
+    return kept + args[end:]
+
+
+def _run_replica_groups(parser: argparse.ArgumentParser, argv: Sequence[str], opts: argparse.Namespace,
+                        flags: dict[str, Any]) -> int:
+    """``monarch-spmd run --replica-groups G ...``: :mod:`monarch_spmd.replicas`."""
+    if opts.replica_groups is None:
+        given = "--min-replicas" if opts.min_replicas is not None else "--lighthouse-port"
+        parser.error(f"{given} goes with --replica-groups G")
+    master_port = flags.get("master_port")
+    port_flags = [o for a in parser._actions if a.dest == "master_port" for o in a.option_strings]
+    job_args = _without(argv, parser, [*_GROUP_FLAGS, *port_flags])
+    again = parser.parse_args(torchrun.split_options(job_args, parser)[0])
+    if again.replica_groups is not None or again.min_replicas is not None or again.lighthouse_port is not None \
+            or "master_port" in torchrun.given(again):
+        parser.error("give --replica-groups, --min-replicas, --lighthouse-port and --master-port each once, before "
+                     "the training script, spelled out")
+    try:
+        options = replicas.check(replicas.Options(
+            groups=opts.replica_groups,
+            min_replicas=replicas.DEFAULT_MIN_REPLICAS if opts.min_replicas is None else opts.min_replicas,
+            lighthouse_port=opts.lighthouse_port,
+            master_port=None if master_port is None else torchrun.int_flag("--master-port", master_port, 1, 65535)))
+        grace = runner.DEFAULT_GRACE_PERIOD if opts.grace_period is None else opts.grace_period
+        return replicas.run(options, job_args, grace_period=grace)
+    except ValueError as e:  # ReplicaGroupsError too: nothing was started
+        print(f"monarch-spmd run: {e}", file=sys.stderr)
+        return 2
+
+
 def _run_mesh(opts: argparse.Namespace, flags: dict[str, Any], manifest: str | None, training: list[str]) -> int:
     """``monarch-spmd run --mesh ...`` or ``-f job.yaml``: the job as the operator would run it."""
     if not manifest and not training:
@@ -267,7 +340,8 @@ def _run_mesh(opts: argparse.Namespace, flags: dict[str, Any], manifest: str | N
         elastic_wait=opts.elastic_wait,
     )
     grace = runner.DEFAULT_GRACE_PERIOD if opts.grace_period is None else opts.grace_period
-    return runner.run(job, grace_period=grace, run_id=opts.run_id, progress_timeout=opts.progress_timeout)
+    return runner.run(job, grace_period=grace, run_id=opts.run_id, progress_timeout=opts.progress_timeout,
+                      agent_store=opts.agent_store)
 
 
 def _run_torchrun(parser: argparse.ArgumentParser, opts: argparse.Namespace, launch: torchrun.Launch) -> int:
@@ -313,6 +387,7 @@ def _run_torchrun(parser: argparse.ArgumentParser, opts: argparse.Namespace, lau
         master_addr=plan.master_addr,
         logs=logs,
         progress_timeout=opts.progress_timeout,
+        agent_store=opts.agent_store,
     )
 
 

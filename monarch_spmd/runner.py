@@ -38,6 +38,9 @@ Behaviour, modelled on torchrun:
 * a failed run ends with a table of every rank's last process (rank, local rank, pid, exit code
   with the signal's name, the first failure marked, the ranks the agents stopped marked as
   such) and a last line naming the failing rank;
+* with ``agent_store`` (``--agent-store``) rank 0's worker hosts the TCPStore on the master port
+  for its whole life, as torchrun's agent does, and the ranks see TORCHELASTIC_USE_AGENT_STORE=True
+  (:mod:`monarch_spmd.payload.agentstore`; torchft needs it, docs/torchft.md);
 * ``activeDeadlineSeconds`` stops the job when it passes (exit code 124, as ``timeout`` uses);
 * the exit code is 0 when every rank succeeded, else the failing rank's exit code;
 * SIGINT (Ctrl-C), SIGTERM and SIGHUP reach every rank as they are (a KeyboardInterrupt, a
@@ -453,6 +456,7 @@ class _Plan:
     member_failure_limit: int | None
     logs: LogOptions | None
     gpus: bool
+    agent_store: bool = False
     token: str = field(default_factory=rendezvous.new_token, repr=False)  # the coordinator's proof of membership
 
 
@@ -510,6 +514,7 @@ def _worker_spec(plan: _Plan, index: int, restart: int, disruptions: int = 0) ->
         permanent_reasons=s.permanent_reasons or None,
         progress_timeout=plan.progress_timeout or None,
         stop_grace=float(plan.grace),
+        agent_store=plan.agent_store or None,
         **backoff,
         **logs,
     )
@@ -683,6 +688,7 @@ def run(
     backoff: float | None = None,
     member_failure_limit: int | None = None,
     agent_port: int | None = None,
+    agent_store: bool = False,
     on_event: Any = None,
 ) -> int:
     """Runs ``job`` locally (see the module docstring) and returns the exit code.
@@ -703,6 +709,9 @@ def run(
         member_failure_limit: restarts in place in a row caused by one worker before the gang is
             recreated instead (default the agents' 3).
         agent_port: the coordinator's port (default a free one).
+        agent_store: rank 0's worker hosts the TCPStore on the master port for the whole run and
+            the ranks see TORCHELASTIC_USE_AGENT_STORE=True, as torchrun's agent does
+            (``--agent-store``; docs/torchft.md).
         on_event: called with every observer message (welcome and events), in the observer's
             thread (the benchmark's clock).
 
@@ -725,7 +734,7 @@ def run(
         master_port=s.master_port if job.fixed_port else free_port(LOCAL_MASTER_ADDR),
         agent_port=agent_port or free_port(LOCAL_MASTER_ADDR), grace=grace_period,
         progress_timeout=progress_timeout, backoff=backoff, member_failure_limit=member_failure_limit, logs=logs,
-        gpus=_enough_gpus(job))
+        gpus=_enough_gpus(job), agent_store=agent_store)
     if plan.agent_port == plan.master_port:
         plan = _replace(plan, agent_port=free_port(LOCAL_MASTER_ADDR))
     for message in notes:

@@ -57,7 +57,8 @@ The defaults that depend on torchrun's rendezvous follow it too: with one node a
 rendezvous on this machine, so MASTER_ADDR is ``localhost`` and the run id a fresh uuid (a given
 ``--rdzv-id`` is then ignored, by torchrun as here); otherwise MASTER_ADDR is ``--master-addr``
 (default 127.0.0.1) and the run id ``--rdzv-id`` (default ``none``). Not mirrored, by design:
-TORCHELASTIC_USE_AGENT_STORE is ``False`` (rank 0 hosts the store; there is no agent store), and
+TORCHELASTIC_USE_AGENT_STORE is ``False`` (rank 0 hosts the store) unless ``--agent-store`` asks rank
+0's worker to host it (docs/torchft.md), and
 torchrun's agent-only TORCHELASTIC_ERROR_FILE and TORCHELASTIC_SIGNALS_TO_HANDLE are not set.
 torchrun's ``PET_*`` environment defaults are not read.
 """

@@ -13,6 +13,8 @@ Modules:
     worker: the process every pod (and every local rank) runs: inputs -> env -> the agent.
     agent: the worker as torchrun's agent: rounds of processes, restarted in place through a
         coordinator in rank 0's agent (docs/restart-in-place.md), the watchdog, the progress timeout.
+    agentstore: torchrun's agent store, the TCPStore at MASTER_PORT that rank 0's agent hosts in a
+        child process when asked (MONARCH_SPMD_AGENT_STORE; torchft needs it).
     link, procs, observe: a member's and a spare's connection to the coordinator; the agent's
         duties towards its processes (reaping, OOM kills); its local observer.
     rendezvous: the restart-in-place protocol: its messages, their checks, its constants.

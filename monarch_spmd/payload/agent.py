@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from . import coordinator, counting, elastic, hangs, member, procgroup, rendezvous, stacks, timer
+from . import agentstore, coordinator, counting, elastic, hangs, member, procgroup, rendezvous, stacks, timer
 from .link import Link, SpareOutcome, keepalive, listen, wait_as_spare
 from .names import EX_TEMPFAIL
 from .observe import Observer
@@ -104,6 +104,8 @@ class Settings:
             it, and member 0's coordinator accepts no connection without it ("" accepts any).
         spare: the hot spare this agent's worker was before it was given this member's place
             (its hello says so), else None.
+        store: (MASTER_ADDR, MASTER_PORT) of the agent store this agent hosts for its whole life
+            (member 0 with MONARCH_SPMD_AGENT_STORE, :mod:`.agentstore`), else None.
     """
 
     member: int
@@ -132,6 +134,7 @@ class Settings:
     output_in_failures: bool = True
     token: str = field(default="", repr=False)
     spare: int | None = None
+    store: tuple[str, int] | None = None
 
 
 
@@ -223,6 +226,8 @@ class Agent:
         #: Ranks of this round killed by their watchdog timer in a gang (no stack): what was said.
         self.exempted: dict[procgroup.Proc, str] = {}
         self.stacks = stacks.dumps_stacks(self.command)
+        #: The agent store this agent hosts (Settings.store), from before its first round to its end.
+        self.store: agentstore.AgentStore | None = None
 
     @property
     def round(self) -> int:
@@ -284,6 +289,13 @@ class Agent:
             os.makedirs(base, exist_ok=True)
             self.run_dir = tempfile.mkdtemp(prefix=f"{self.s.run_id}_", dir=base)
             self.say(f"log directory set to: {self.run_dir}")
+        if self.s.store is not None:
+            try:
+                self.store = agentstore.AgentStore.start(*self.s.store, python=self.command[0])
+            except agentstore.AgentStoreError as e:
+                return self._exit(_Verdict(e.code, f"{_PREFIX}: {e}"))
+            self.say(f"agent store listening on {self.s.store[0]}:{self.s.store[1]} (TORCHELASTIC_USE_AGENT_STORE=True), "
+                     f"pid {self.store.pid}")
         if self.s.coordinator is None:
             return self._run_alone()
         addr, port = self.s.coordinator
@@ -739,7 +751,23 @@ class Agent:
         group.finish()
         if self.watchdog is not None:
             self.watchdog.timers.clear(group.pids)
+        self._renew_store()
         return group
+
+    def _renew_store(self) -> None:
+        """A fresh agent store for the next round, before this member says its round ended (so
+        before any member can start the next round's ranks): :mod:`.agentstore`."""
+        if self.store is None:
+            return
+        try:
+            self.store.renew()
+        except agentstore.AgentStoreError as e:
+            self.say(f"{e}; starting it again")
+            try:
+                self.store = agentstore.AgentStore.start(self.store.addr, self.store.port, python=self.command[0])
+            except agentstore.AgentStoreError as again:
+                self.store = None
+                self.say(f"{again}: the next round's ranks will find no store at MASTER_PORT")
 
     def _exited_rows(self) -> list[dict[str, Any]]:
         """The round's processes as ``exited`` reports them (with the reason the agent found)."""
@@ -852,3 +880,5 @@ class Agent:
             self.server.stop()
         if self.watchdog is not None:
             self.watchdog.close()
+        if self.store is not None:  # last: the ranks that used it are gone
+            self.store.close()

@@ -130,6 +130,7 @@ def torch_elastic_env(
     run_id: str = "none",
     role_name: str = DEFAULT_ROLE_NAME,
     base_env: Mapping[str, str] | None = None,
+    use_agent_store: bool = False,
 ) -> dict[str, str]:
     """Builds the environment torchrun gives a worker, for the proc at ``coords`` of ``mesh``.
 
@@ -148,7 +149,11 @@ def torch_elastic_env(
     TORCHELASTIC_RESTART_COUNT                ``restart_count`` (0 on the first attempt)
     TORCHELASTIC_MAX_RESTARTS                 ``max_restarts``
     TORCHELASTIC_RUN_ID                       ``run_id``, stable for the job
-    TORCHELASTIC_USE_AGENT_STORE              "False": rank 0 hosts the TCPStore, no agent exists
+    TORCHELASTIC_USE_AGENT_STORE              "False" (default): rank 0 hosts the TCPStore when it
+                                              calls init_process_group. "True" with
+                                              ``use_agent_store``: rank 0's agent hosts it on
+                                              MASTER_PORT and every rank is a client (torchrun's
+                                              way; torchft's Manager needs it)
     TORCH_NCCL_ASYNC_ERROR_HANDLING           "1", unless ``base_env`` already sets it
     OMP_NUM_THREADS                           "1" when ``base_env`` does not set it and more than
                                               one proc shares a host (LOCAL_WORLD_SIZE > 1)
@@ -167,6 +172,8 @@ def torch_elastic_env(
         run_id: a stable id of the job.
         role_name: the worker role's name.
         base_env: the environment the proc will inherit; decides the two "unless set" rows.
+        use_agent_store: the agent of rank 0 hosts the TCPStore at MASTER_ADDR:MASTER_PORT
+            (MONARCH_SPMD_AGENT_STORE, :mod:`.agentstore`); only then may the ranks be told so.
 
     Raises:
         ValueError: naming the field and the valid range, for a bad mesh, coordinates, address,
@@ -201,7 +208,7 @@ def torch_elastic_env(
         "TORCHELASTIC_RESTART_COUNT": str(restart_count),
         "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
         "TORCHELASTIC_RUN_ID": str(run_id),
-        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCHELASTIC_USE_AGENT_STORE": str(bool(use_agent_store)),
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
     }
     if "OMP_NUM_THREADS" in base:

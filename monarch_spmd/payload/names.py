@@ -89,6 +89,9 @@ FAILURE_OUTPUTS: Final = (FAILURE_OUTPUT_TAIL, FAILURE_OUTPUT_NONE)
 LOG_DIR_VAR: Final = "MONARCH_SPMD_LOG_DIR"
 REDIRECTS_VAR: Final = "MONARCH_SPMD_REDIRECTS"
 TEE_VAR: Final = "MONARCH_SPMD_TEE"
+#: torchrun's agent store (payload/agentstore.py): member 0's agent hosts the TCPStore on
+#: MASTER_PORT and the ranks see TORCHELASTIC_USE_AGENT_STORE=True (what torchft's Manager needs).
+AGENT_STORE_VAR: Final = "MONARCH_SPMD_AGENT_STORE"
 #: The coordinator's port in pods: torchrun's c10d rendezvous port (never MASTER_PORT, which rank
 #: 0's TCPStore owns).
 DEFAULT_AGENT_PORT: Final = 29400

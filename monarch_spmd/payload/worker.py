@@ -86,6 +86,12 @@ MONARCH_SPMD_FAILURE_OUTPUT         ``Tail`` (default),         ``None``: no lin
 MONARCH_SPMD_LOG_DIR                unset (default)             torchrun's ``--log-dir``
 MONARCH_SPMD_REDIRECTS              ``0`` (default), ``3``      torchrun's ``--redirects``
 MONARCH_SPMD_TEE                    ``0`` (default), ``0:3``    torchrun's ``--tee``
+MONARCH_SPMD_AGENT_STORE            ``0`` (default), ``1``      ``1``: member 0's agent hosts the
+                                                                TCPStore on MASTER_PORT for its
+                                                                whole life and the ranks see
+                                                                TORCHELASTIC_USE_AGENT_STORE=True,
+                                                                as under torchrun (torchft needs
+                                                                it; :mod:`.agentstore`)
 MONARCH_SPMD_SPARE                  unset (default), ``0``      a hot spare's index: no coordinates;
                                                                 it waits to take a lost member's
                                                                 place (docs/restart-in-place.md)
@@ -188,6 +194,7 @@ from .names import (
     RETRYABLE_EXIT_CODES_VAR,
     STOP_GRACE_VAR,
     TEE_VAR,
+    AGENT_STORE_VAR,
     EX_TEMPFAIL,
     EX_USAGE,
     DEFAULT_MONARCH_PORT,
@@ -248,6 +255,7 @@ INPUT_VARS: Final = (
     LOG_DIR_VAR,
     REDIRECTS_VAR,
     TEE_VAR,
+    AGENT_STORE_VAR,
 )
 
 DEFAULT_RUN_ID: Final = "none"
@@ -310,6 +318,8 @@ class WorkerInputs:
     log_dir: str | None = None
     redirects: int | dict[int, int] = 0
     tee: int | dict[int, int] = 0
+    #: Member 0's agent hosts the TCPStore on MASTER_PORT (MONARCH_SPMD_AGENT_STORE).
+    agent_store: bool = False
     #: A hot spare's index (MONARCH_SPMD_SPARE): no coordinates until it takes a member's place.
     spare: int | None = None
     #: The hot spare these inputs' worker was before it took a member's place (its hello says so).
@@ -449,6 +459,7 @@ OPTIONAL_INPUTS: Final = {
     "log_dir": LOG_DIR_VAR,
     "redirects": REDIRECTS_VAR,
     "tee": TEE_VAR,
+    "agent_store": AGENT_STORE_VAR,
 }
 
 
@@ -469,6 +480,8 @@ _FIELD_DEFAULTS: Final = {f.name: f.default for f in dataclasses.fields(WorkerIn
 
 
 def _format_input(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
     if isinstance(value, float):
         return _format_seconds(value)
     if isinstance(value, Mapping):
@@ -646,8 +659,18 @@ def read_inputs(environ: Mapping[str, str]) -> WorkerInputs:
         log_dir=environ.get(LOG_DIR_VAR, "").strip() or None,
         redirects=redirects,
         tee=tee,
+        agent_store=_switch_var(environ, AGENT_STORE_VAR),
         spare=spare,
     )
+
+
+def _switch_var(environ: Mapping[str, str], name: str) -> bool:
+    raw = environ.get(name, "").strip()
+    if raw.lower() in ("", "0", "false"):
+        return False
+    if raw.lower() in ("1", "true"):
+        return True
+    raise WorkerInputError(f"{name}: {raw!r} is not valid; expected 1 (on) or 0 (off)")
 
 
 _TOKEN_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
@@ -687,6 +710,7 @@ def build_env(inputs: WorkerInputs, base_env: Mapping[str, str], local: int = 0)
         run_id=inputs.run_id,
         role_name=inputs.role_name,
         base_env=base_env,
+        use_agent_store=inputs.agent_store,
     )
 
 
@@ -835,6 +859,7 @@ def agent_settings(inputs: WorkerInputs, base: Mapping[str, str]) -> agent.Setti
         output_in_failures=inputs.failure_output != FAILURE_OUTPUT_NONE,
         token=inputs.agent_token or "",
         spare=inputs.was_spare,
+        store=(inputs.master_addr, inputs.master_port) if inputs.agent_store and inputs.member == 0 else None,
     )
 
 

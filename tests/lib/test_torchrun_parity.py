@@ -6,7 +6,7 @@ with the same command line and compares rank by rank every variable either launc
 environment it was started with. They must be equal, except for exactly these:
 
 - TORCHELASTIC_USE_AGENT_STORE: "True" under torchrun, whose agent hosts the TCPStore; "False"
-  here by design: there is no agent store, rank 0 hosts it (True would make it a client and hang);
+  here by default: rank 0 hosts it (``--agent-store`` gives torchrun's, docs/torchft.md);
 - TORCHELASTIC_ERROR_FILE and TORCHELASTIC_SIGNALS_TO_HANDLE: torchrun's agent's own (a file per
   rank under its temporary folder; the signals it forwards), not set here;
 - MASTER_PORT and TORCHELASTIC_RUN_ID where torchrun picks them per run (a free port and a uuid,

@@ -253,3 +253,13 @@ def test_empty_role_name_is_refused():
 def test_coords_of_refuses_ranks_out_of_range(rank):
     with pytest.raises(ValueError, match=r"^rank: .* valid is 0\.\.3"):
         coords_of([("hosts", 2), ("gpus", 2)], rank)
+
+
+def test_the_agent_store_is_said_only_when_the_agent_hosts_it():
+    mesh, coords = [("nodes", 1), ("procs", 2)], [0, 1]
+    assert torch_elastic_env(mesh, coords, "m", 29500)["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+    on = torch_elastic_env(mesh, coords, "m", 29500, use_agent_store=True)
+    assert on["TORCHELASTIC_USE_AGENT_STORE"] == "True"  # torch compares with str(True)
+    off = torch_elastic_env(mesh, coords, "m", 29500)
+    assert {k: v for k, v in on.items() if k != "TORCHELASTIC_USE_AGENT_STORE"} == {
+        k: v for k, v in off.items() if k != "TORCHELASTIC_USE_AGENT_STORE"}

@@ -101,6 +101,7 @@ def test_input_names_are_the_documented_ones():
         "MONARCH_SPMD_LOG_DIR",
         "MONARCH_SPMD_REDIRECTS",
         "MONARCH_SPMD_TEE",
+        "MONARCH_SPMD_AGENT_STORE",
     )
     for var in worker.INPUT_VARS:  # one table, in the module docstring, and in the design doc
         assert var in worker.__doc__
@@ -374,3 +375,24 @@ def test_an_unknown_layout_is_named():
     with pytest.raises(WorkerInputError, match="MONARCH_SPMD_POD_LAYOUT: 'Sideways'"):
         worker.read_inputs({"MONARCH_SPMD_MESH": "a=1", "MONARCH_SPMD_COORDS": "0", "MONARCH_SPMD_MASTER_ADDR": "m",
                             "MONARCH_SPMD_MASTER_PORT": "1", "MONARCH_SPMD_POD_LAYOUT": "Sideways"})
+
+
+def test_the_agent_store_input_reaches_the_contract_and_only_member_0_hosts_the_store():
+    off = read_inputs(GOOD)
+    assert not off.agent_store and worker.build_env(off, {})["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+    assert worker.agent_settings(off, {}).store is None
+    for raw in ("1", "true", "True"):
+        assert read_inputs({**GOOD, worker.AGENT_STORE_VAR: raw}).agent_store
+    for raw in ("0", "false", " "):
+        assert not read_inputs({**GOOD, worker.AGENT_STORE_VAR: raw}).agent_store
+    with pytest.raises(worker.WorkerInputError, match="MONARCH_SPMD_AGENT_STORE: 'yes' is not valid; expected 1"):
+        read_inputs({**GOOD, worker.AGENT_STORE_VAR: "yes"})
+    on = read_inputs({**GOOD, worker.AGENT_STORE_VAR: "1"})  # coords 1,0: member 2
+    assert worker.build_env(on, {})["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+    assert worker.agent_settings(on, {}).store is None  # rank 0's agent hosts it, not this one
+    first = read_inputs({**GOOD, worker.AGENT_STORE_VAR: "1", worker.COORDS_VAR: "0,0"})
+    assert worker.agent_settings(first, {}).store == ("hello-master.team-a.svc", 29500)
+    env = worker.worker_input_env([("hosts", 2), ("gpus", 2)], [0, 0], "m", 29500, agent_store=True)
+    assert env[worker.AGENT_STORE_VAR] == "1" and read_inputs(env).agent_store
+    assert worker.AGENT_STORE_VAR not in worker.worker_input_env([("hosts", 2)], [0], "m", 29500, agent_store=None)
+    assert worker.AGENT_STORE_VAR not in worker.program_env({**env, "HOME": "/"})
