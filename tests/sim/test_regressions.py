@@ -174,6 +174,14 @@ REGRESSIONS: dict[str, Regression] = {r.defect: r for r in (
         _base(seed=49, procs=2, spares=2, grace=5, extra_nodes=2, stubborn=0.3,
               faults=[{"t": 1.7, "kind": "delete", "target": 0}]),
         "invariant 3", lambda mp: mp.setattr(gang, "older_spares", lambda p: [])),
+    Regression(
+        "a member lost while no spare was ready gets a new pod although a spare pod is on its way, and the "
+        "spare takes the place at its hello: the new pod is turned away",
+        "once a loss came without a takeover, no pod is created while more spare pods live than the "
+        "coordinator has ready, for up to SPARE_ARRIVAL_SECONDS after the loss (inplace._spare_may_come)",
+        _base(seed=794, pods=4, procs=2, spares=2, min=1, elastic_wait=1, grace=5, capacity=2, train=36.0,
+              faults=[{"t": 37.9, "kind": "freeze", "target": 0, "duration": 9.6}, {"t": 82.9, "kind": "drain"}]),
+        "invariant 7", lambda mp: mp.setattr(inplace, "SPARE_ARRIVAL_SECONDS", 0.0)),
 )}
 
 

@@ -88,6 +88,10 @@ from .status import VERDICT_LINE, Failure, Pass
 #: A restart caused by a lost member (no process exit: MemberLost) waits this long for the pod's
 #: state to say why it went (a disruption is not counted) before it is recorded as a failure.
 LOST_WAIT_SECONDS: Final = 2.0
+#: A member lost while no hot spare was ready waits this long after the loss was heard for a
+#: spare pod on its way (created, its agent not yet connected): the coordinator gives it the place
+#: at its hello, and a pod created meanwhile would be turned away. Past it, a pod is created.
+SPARE_ARRIVAL_SECONDS: Final = 5.0
 #: status.lastProgressTime is written only when it moved by at least this much.
 PROGRESS_STATUS_SECONDS: Final = 300.0
 #: The coordinator's reason for a member whose agent is gone, not a process that exited.
@@ -700,15 +704,24 @@ def _lost_lately(v: CoordinatorView, member: int) -> bool:
 
 
 def _spare_may_come(p: Pass, v: CoordinatorView, member: int, pod: PodInfo | None) -> bool:
-    """Whether a lost member's place may yet go to a hot spare, so no pod is created for it now:
-    spares are ready (or starting), and the coordinator has not said it lost the member in the round that
-    runs (or the one before) for at most LOST_WAIT_SECONDS after the pod ended. Its ``lost``
-    and ``takeover`` events come together; a pod created meanwhile would be turned away."""
-    starting = any(s.restart == p.gang and not s.finished and not s.deleting for s in p.o.spares)
-    if p.spec.spares <= 0 or not (v.spares_ready or starting):
+    """Whether a lost member's place may yet go to a hot spare, so no pod is created for it now.
+
+    The coordinator gives the place to a ready spare with the loss (its ``lost`` and ``takeover``
+    events come together), or, when none was ready, to the first spare whose agent says hello
+    while the member still waits. So: before the loss is heard, wait while spares are ready or
+    starting, for at most LOST_WAIT_SECONDS after the pod ended; once a loss came without a
+    takeover, wait only while a spare pod is on its way (more live spare pods than the
+    coordinator has ready), for at most SPARE_ARRIVAL_SECONDS after the loss was heard. A pod
+    created while a spare is about to take the place would be turned away."""
+    live = sum(1 for s in p.o.spares if s.restart == p.gang and not s.finished and not s.deleting)
+    ready = v.spares_ready or 0
+    if p.spec.spares <= 0 or not (ready or live):
         return False
-    if _lost_lately(v, member):
-        return False
+    losses = [e for e in v.lost if _int(e.get("member")) == member and recent(v, e)]
+    if losses:
+        if live <= ready:
+            return False  # every spare there is was ready at the loss, and none took the place
+        return _waited(p, losses[-1].get("received")) < SPARE_ARRIVAL_SECONDS
     ended = parse_time(pod.finished_at) if pod is not None else None
     return ended is not None and (p.now - ended).total_seconds() < LOST_WAIT_SECONDS
 

@@ -142,3 +142,29 @@ def test_the_spare_made_when_a_frozen_nodes_pod_was_taken_over_keeps_off_that_no
     plan = run(s=spec(spares=1, restartPolicy={"maxRestarts": 0}), st=st, pods=gang("Running"), spares=[spare(0)],
                coordinator=left)
     assert plan.spares == (1,) and plan.avoid_nodes == (), "a member that left said why: its node is fine"
+
+
+def test_a_member_lost_while_no_spare_was_ready_waits_for_the_spare_pod_on_its_way_then_gets_its_own():
+    """Member 2's pod was evicted while the spare's pod was still starting (the coordinator had none
+    ready, so its loss came without a takeover). The coordinator gives the place to the spare at
+    its hello, so no pod is created for member 2 for SPARE_ARRIVAL_SECONDS after the loss: one
+    would be turned away. Past that, or with every spare pod ready at the loss, member 2 gets one."""
+    from spmd_operator.lifecycle import inplace
+
+    def plan_after(seconds, spares_ready=0, phase="Pending"):
+        restart = restart_event(rank=None, member=2, code=None, reason="MemberLost", tail=[],
+                                message="member 2's agent is gone (Left)", received=T - seconds)
+        loss = {"type": "lost", "seq": 7, "time": T - seconds, "round": 0, "member": 2, "reason": "Left",
+                "node": "node-2", "received": T - seconds}
+        coordinator = dataclasses.replace(view(round_=1, phase="joining", restarts=[restart]), lost=(loss,),
+                                          spares_ready=spares_ready)
+        pods = [p for p in gang("Running") if p.rank != 2]  # evicted and gone
+        return run(s=spec(spares=1, restartPolicy={"maxRestarts": 0}), st=status("Running"), pods=pods,
+                   spares=[spare(0, phase=phase)], coordinator=coordinator)
+
+    waiting = plan_after(1.0)
+    assert waiting.replace == () and waiting.create == (), "the spare on its way takes the place"
+    assert waiting.requeue_after is not None and waiting.requeue_after <= 1.0
+    assert plan_after(inplace.SPARE_ARRIVAL_SECONDS + 0.5).replace == ((2, 1),), "it never came: a pod of its own"
+    assert plan_after(1.0, spares_ready=1, phase="Running").replace == ((2, 1),), \
+        "the spare was ready at the loss and was not given the place (its node is suspect): a pod at once"
