@@ -265,7 +265,13 @@ def handle(p: Pass) -> None:
         restart = p.create_restart if p.create_restart is not None else p.gang
         new["probe"] = names.pod_name(p.o.job, restart, first)
     p.new["refusal"] = new
-    created = sum(1 for pod in p.current().values() if not pod.deleting)
+    # Pods of this attempt the server took that the informer does not show yet count as created
+    # (a gang's pods go at once: the refusal of one comes with the others' creation, before their
+    # watch events).
+    shown = {pod.name for pod in p.current().values() if not pod.deleting}
+    attempt = p.create_restart if p.create_restart is not None else p.gang
+    coming = {names.pod_name(p.o.job, attempt, i) for i in range(p.pods_per_attempt)} & p.o.creating
+    created = len(shown | coming)
     left = max(0, int((retry_at - p.now).total_seconds())) if retry_at is not None else 0
     after = (f"; released the incomplete gang {new['releases']} time(s) (a gang held {int(RELEASE_SECONDS)}s "
              "without every pod is released)" if new.get("releases") else "")

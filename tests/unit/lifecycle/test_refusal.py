@@ -45,6 +45,15 @@ def test_a_quota_refusal_reaches_status_and_one_event_naming_the_quota_and_the_r
     assert plan.requeue_after == pytest.approx(refusal.RETRY_SECONDS[0])
 
 
+def test_pods_the_server_took_that_the_informer_does_not_show_yet_count_as_created():
+    # The gang's four pods went at once: 0, 1 and 3 were taken, 2 refused; the watch has shown 0 only.
+    st = status("Pending")
+    coming = [pod_name(1), pod_name(3)]
+    new = apply(st, run(st=st, pods=gang("Pending")[:1], rejection=refused(2), creating=coming))
+    assert "3/4 pods created" in new["message"], new["message"]
+    assert "1/4 pods created" in apply(st, run(st=st, pods=gang("Pending")[:1], rejection=refused(2)))["message"]
+
+
 def test_the_same_refusal_again_is_retried_with_growing_back_off_and_no_new_event():
     st = status("Pending")
     new = apply(st, run(st=st, pods=gang("Pending")[:2], rejection=refused(2)))
