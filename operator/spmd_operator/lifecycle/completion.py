@@ -38,6 +38,11 @@ def succeeded(p: Pass) -> bool:
     p.clear(RESTARTING, "AllRanksSucceeded", "the job finished")
     p.event(EVENT_NORMAL, "Succeeded", f"all {procs} ranks exited 0")
     p.counts(current)
+    if members is not None:
+        # The coordinator's word (or an agent's line): every rank of the last round exited 0. Its
+        # pods may still show Running while their agents end: their procs succeeded all the same.
+        p.new["succeeded"] = p.procs_per_pod * len(members & set(current))
+        p.new["running"] = 0
     if p.spec.ttl_seconds_after_finished is not None:
         p.requeue.append(float(p.spec.ttl_seconds_after_finished))
     return True

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from monarch_spmd import policy
 
-from .model import TERMINAL, parse_time
+from .model import SUCCEEDED, TERMINAL, parse_time
 from .status import Pass
 
 
@@ -47,6 +47,11 @@ def handle(p: Pass) -> bool:
     if p.o.workload is not None and not p.o.workload.finished:
         p.finish_workload = True
     p.counts(p.current())
+    if p.phase == SUCCEEDED:
+        # Every rank exited 0 (the job is not Succeeded otherwise): pods still ending, or gone
+        # since, do not take back the procs recorded as succeeded.
+        p.new["succeeded"] = max(p.new["succeeded"], int(p.o.status.get("succeeded") or 0))
+        p.new["running"] = 0
     ttl = p.spec.ttl_seconds_after_finished
     done = parse_time(p.o.status.get("completionTime"))
     if ttl is not None and done is not None:

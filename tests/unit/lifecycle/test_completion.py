@@ -44,3 +44,20 @@ def test_an_elastic_gang_that_finished_smaller_while_the_operator_was_away_succe
     assert new["phase"] == "Succeeded" and plan.delete_pods == (pod_name(2),), "the pod that never ran is stopped"
     plain = run(s=s, st=st, pods=[pod(0, "Succeeded", exit_code=0), pod(2, "Pending")])
     assert apply(st, plain)["phase"] != "Succeeded", "without the agents' word a pod left is still awaited"
+
+
+def test_a_gang_its_coordinator_says_finished_counts_its_procs_succeeded_while_its_pods_still_end():
+    # The operator heard the coordinator's ``succeeded`` before the kubelets reported the pods
+    # Succeeded (a loaded node): the job is Succeeded, and its status says 4 procs succeeded, not 0.
+    from .test_inplace import view
+
+    st = status("Running")
+    plan = run(st=st, pods=gang("Running"), coordinator=view(phase="finished", final={"type": "succeeded", "round": 0}))
+    new = apply(st, plan)
+    assert new["phase"] == "Succeeded"
+    assert (new["procs"], new["succeeded"], new["running"]) == (4, 4, 0), new
+    later = apply(new, run(st=new, pods=gang("Running")))
+    assert (later["phase"], later["succeeded"], later["running"]) == ("Succeeded", 4, 0), "the next pass keeps them"
+    gone = apply(new, run(st=new, pods=[]))
+    assert gone["succeeded"] == 4, "nor do pods deleted since"
+
