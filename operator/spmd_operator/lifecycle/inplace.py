@@ -698,9 +698,14 @@ def ended_but_lost(p: Pass, current: Mapping[int, PodInfo]) -> list[Failure]:
             if index != 0 and pod.phase == SUCCEEDED and not pod.deleting and _lost_lately(v, index)]
 
 
+def _losses_lately(v: CoordinatorView, member: int) -> list[Mapping[str, Any]]:
+    """The coordinator's ``lost`` events of ``member`` in the round that runs or the one before."""
+    return [e for e in v.lost if _int(e.get("member")) == member and recent(v, e)]
+
+
 def _lost_lately(v: CoordinatorView, member: int) -> bool:
     """Whether the coordinator said it lost ``member`` in the round that runs or the one before."""
-    return any(_int(e.get("member")) == member and recent(v, e) for e in v.lost)
+    return bool(_losses_lately(v, member))
 
 
 def _spare_may_come(p: Pass, v: CoordinatorView, member: int, pod: PodInfo | None) -> bool:
@@ -717,7 +722,7 @@ def _spare_may_come(p: Pass, v: CoordinatorView, member: int, pod: PodInfo | Non
     ready = v.spares_ready or 0
     if p.spec.spares <= 0 or not (ready or live):
         return False
-    losses = [e for e in v.lost if _int(e.get("member")) == member and recent(v, e)]
+    losses = _losses_lately(v, member)
     if losses:
         if live <= ready:
             return False  # every spare there is was ready at the loss, and none took the place

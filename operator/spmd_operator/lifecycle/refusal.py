@@ -249,6 +249,7 @@ def handle(p: Pass) -> None:
     elif holding and held is not None:
         p.requeue.append(RELEASE_SECONDS - (p.now - held).total_seconds())
     retry_at = parse_time(new.get("retryAt"))
+    attempt = p.create_restart if p.create_restart is not None else p.gang
     if retry_at is not None and retry_at > p.now:
         # Back-off: nothing is created before retryAt (the pass is woken then).
         p.create.clear()
@@ -262,14 +263,12 @@ def handle(p: Pass) -> None:
         # again whole every retry; once the server takes it, the rest follows at once.
         first = min(p.create)
         p.create[:] = [first]
-        restart = p.create_restart if p.create_restart is not None else p.gang
-        new["probe"] = names.pod_name(p.o.job, restart, first)
+        new["probe"] = names.pod_name(p.o.job, attempt, first)
     p.new["refusal"] = new
     # Pods of this attempt the server took that the informer does not show yet count as created
     # (a gang's pods go at once: the refusal of one comes with the others' creation, before their
     # watch events).
     shown = {pod.name for pod in p.current().values() if not pod.deleting}
-    attempt = p.create_restart if p.create_restart is not None else p.gang
     coming = {names.pod_name(p.o.job, attempt, i) for i in range(p.pods_per_attempt)} & p.o.creating
     created = len(shown | coming)
     left = max(0, int((retry_at - p.now).total_seconds())) if retry_at is not None else 0
