@@ -184,7 +184,16 @@ class Hub:
         if self.by_member.get(member) is peer:
             del self.by_member[member]
         peer.role = DEPARTING
-        self.apply(self.machine.lost(member, rendezvous.LOST_LEFT, now, at=at, heard=peer.heard))
+        m = self.machine
+        self.apply(m.lost(member, rendezvous.LOST_LEFT, now, at=at, heard=peer.heard))
+        if m.unseen():
+            self.fence_departing(peer)
+
+    def fence_departing(self, peer: Peer) -> None:
+        """A member left (its pod deleted) while the operator does not see this coordinator (their
+        node was cut off and is back): the gang was likely recreated elsewhere meanwhile, so its
+        processes end within the fence too, not after its pod's grace (the others' stop says so)."""
+        self.send(peer, rendezvous.encode({"type": rendezvous.STOP, "round": self.machine.round, "fence": True}))
 
     # --- messages -----------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from monarch_spmd.payload import fence
+from monarch_spmd.payload import fence, hub
 from monarch_spmd.payload.coordinator import Coordinator
 from spmd_operator.lifecycle import gang, inplace, spares
 
@@ -182,6 +182,16 @@ REGRESSIONS: dict[str, Regression] = {r.defect: r for r in (
         _base(seed=794, pods=4, procs=2, spares=2, min=1, elastic_wait=1, grace=5, capacity=2, train=36.0,
               faults=[{"t": 37.9, "kind": "freeze", "target": 0, "duration": 9.6}, {"t": 82.9, "kind": "drain"}]),
         "invariant 7", lambda mp: mp.setattr(inplace, "SPARE_ARRIVAL_SECONDS", 0.0)),
+    Regression(
+        "a whole gang on a partitioned node, rank 0's pod deleted: the operator recreates it once the "
+        "deletion is overdue, and when the partition heals the other member's ranks run out their pod's "
+        "grace beside the new attempt (only rank 0's own agent knew it was out of the operator's sight)",
+        "a member that leaves while its coordinator is out of the operator's sight is told to stop within "
+        "the fence (hub.Hub.fence_departing)",
+        _base(seed=97198, procs=2, capacity=2, stubborn=0.3,
+              faults=[{"t": 5.0, "kind": "partition", "target": 0, "duration": 12.3},
+                      {"t": 5.0, "kind": "delete", "target": 0}]),
+        "invariant 3", lambda mp: mp.setattr(hub.Hub, "fence_departing", lambda self, peer: None)),
 )}
 
 

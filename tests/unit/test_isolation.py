@@ -7,6 +7,8 @@ at the state machine's level."""
 
 from __future__ import annotations
 
+import json
+
 from monarch_spmd.payload import rendezvous as rv
 from monarch_spmd.payload.coordinator import Coordinator, Policy
 from monarch_spmd.payload.rendezvous import ALL
@@ -165,3 +167,50 @@ def test_an_observers_heartbeat_is_the_only_thing_it_may_say():
     assert h.machine.observer_beat_at == 1.0 and peer.open
     h.received(peer, rv.encode({"type": "join", "round": 0}), 1.5)
     assert not peer.open and b"may send only hb" in sent[-1]
+
+
+def _hub_with_gang(observer_broke: bool):
+    """A hub of three members and one observer (the operator) over an in-memory transport; the
+    observer's connection broken by the kernel's timeout when ``observer_broke``."""
+    from monarch_spmd.payload import hub as hub_mod
+    sent: dict[int, list[dict]] = {}
+    c = machine()
+    h = hub_mod.Hub(c, "", lambda peer, data: sent.setdefault(id(peer), []).extend(
+        json.loads(line) for line in data.decode().splitlines()) or True, lambda peer: None)
+    h.start()
+    peers = []
+    for m in range(3):
+        p = h.accepted(object(), 1.0)
+        h.received(p, rv.encode({"type": rv.HELLO, "versions": [rv.VERSION], "role": rv.ROLE_MEMBER,
+                                 "member": m, "incarnation": f"inc-{m}"}), 1.0)
+        peers.append(p)
+    for m, p in enumerate(peers):
+        h.received(p, rv.encode({"type": rv.JOIN, "round": 0}), 1.0)
+    for m, p in enumerate(peers):
+        h.received(p, rv.encode({"type": rv.RUNNING, "round": 0, "procs": [{"rank": m, "local_rank": 0}]}), 1.0)
+    observer = h.accepted(object(), 1.0)
+    h.received(observer, rv.encode({"type": rv.HELLO, "versions": [rv.VERSION], "role": rv.ROLE_OBSERVER}), 1.0)
+    h.received(observer, rv.encode({"type": rv.HEARTBEAT}), 2.0)
+    if observer_broke:
+        h.received(observer, b"", 10.0, error=True)
+    return h, peers, sent
+
+
+def test_a_member_that_leaves_while_the_operator_does_not_see_its_coordinator_is_fenced_too():
+    # A whole gang on a node partitioned, rank 0's pod deleted meanwhile: the operator recreated it
+    # elsewhere, and once the node is back every pod's SIGTERM comes. The leaving member's ranks
+    # must not run out their pod's grace beside the new attempt (tests/sim, seed 97198).
+    h, peers, sent = _hub_with_gang(observer_broke=True)
+    assert h.machine.unseen()
+    h.received(peers[1], rv.encode({"type": rv.LEAVE, "round": 0, "signal": 15}), 20.0)
+    assert {"type": rv.STOP, "round": 0, "fence": True} in sent[id(peers[1])], "the leaving member is fenced"
+    assert {"type": rv.STOP, "round": 0, "fence": True} in sent[id(peers[2])], "and so are the others"
+
+
+def test_a_member_that_leaves_in_the_operators_sight_keeps_its_pods_grace():
+    h, peers, sent = _hub_with_gang(observer_broke=False)
+    assert not h.machine.unseen()
+    h.received(peers[1], rv.encode({"type": rv.LEAVE, "round": 0, "signal": 15}), 20.0)
+    assert not [m for m in sent.get(id(peers[1]), []) if m.get("type") == rv.STOP], \
+        "a checkpoint on SIGTERM keeps the pod's grace"
+    assert {"type": rv.STOP, "round": 0} in sent[id(peers[2])]
