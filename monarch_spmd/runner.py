@@ -349,6 +349,11 @@ def job_from_manifest(doc: Mapping[str, Any]) -> LocalJob:
         monarch_spmd.spec.SpecError: naming the manifest field (e.g. ``spec.mesh[1].size``).
     """
     name, _, parsed = spec.load_manifest(doc)
+    if parsed.replica_groups is not None:
+        raise spec.SpecError("spec.replicaGroups", (
+            "not read by a local run: give its groups as flags, monarch-spmd run --replica-groups "
+            f"{parsed.replica_groups.count} --min-replicas {parsed.replica_groups.min_replicas} -f <a manifest "
+            "without spec.replicaGroups>, or apply this one to a cluster"))
     body = doc.get("spec") or {}
     return LocalJob(name=name, spec=parsed, fixed_port="masterPort" in body,
                     fields=present_fields(body) if isinstance(body, Mapping) else {})

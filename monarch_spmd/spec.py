@@ -102,6 +102,18 @@ MAX_RESTARTS_LIMIT: Final = 100
 MAX_GPUS_PER_PROC: Final = 16
 #: Hot spares of one job, at most.
 MAX_SPARES: Final = 64
+#: Replica groups of one job (spec.replicaGroups.count), at most; each is an SPMDJob of its own
+#: named <job>-g<index>, so a job with replica groups has a name of at most
+#: MAX_JOB_NAME_LENGTH - REPLICA_GROUP_SUFFIX characters.
+MAX_REPLICA_GROUPS: Final = 99
+REPLICA_GROUP_SUFFIX: Final = len("-g98")
+#: torchft's defaults: the Lighthouse's port, and the port of each rank's Manager server.
+DEFAULT_LIGHTHOUSE_PORT: Final = 29510
+DEFAULT_MANAGER_PORT: Final = 29512
+DEFAULT_QUORUM_RETRIES: Final = 10
+DEFAULT_LIGHTHOUSE_JOIN_TIMEOUT: Final = 60
+DEFAULT_LIGHTHOUSE_HEARTBEAT_TIMEOUT: Final = 5
+MAX_TORCHFT_TIMEOUT: Final = 86400
 MAX_RENDEZVOUS_TIMEOUT: Final = 86400
 MAX_REPLACEMENT_TIMEOUT: Final = 86400
 MAX_ARGS: Final = 4096
@@ -259,6 +271,29 @@ class MeshDim:
 
 
 @dataclass(frozen=True)
+class ReplicaGroups:
+    """spec.replicaGroups: torchft replica groups (docs/torchft.md); the fields' descriptions say
+    what each means."""
+
+    count: int
+    min_replicas: int = 1
+    lighthouse_port: int = DEFAULT_LIGHTHOUSE_PORT
+    manager_port: int = DEFAULT_MANAGER_PORT
+    join_timeout_seconds: int = DEFAULT_LIGHTHOUSE_JOIN_TIMEOUT
+    heartbeat_timeout_seconds: int = DEFAULT_LIGHTHOUSE_HEARTBEAT_TIMEOUT
+    quorum_retries: int = DEFAULT_QUORUM_RETRIES
+    timeout_seconds: int | None = None
+    quorum_timeout_seconds: int | None = None
+    connect_timeout_seconds: int | None = None
+
+    @classmethod
+    def of(cls, value: Mapping[str, Any] | None) -> ReplicaGroups | None:
+        if not value:
+            return None
+        return cls(**{_snake(k): v for k, v in value.items()})
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """A parsed, validated SPMDJob spec (the blueprint; pods are its instances).
 
@@ -305,6 +340,8 @@ class JobSpec:
         scheduler_name: the scheduler of the pods (a gang scheduler's), or None for the template's.
         scheduling_timeout_seconds: fail the job when a pod stays unschedulable this long.
         failure_output: ``Tail`` (the failing rank's last lines reach status and Events) or ``None``.
+        replica_groups: torchft replica groups (each group a gang of its own, an SPMDJob the
+            operator makes), or None.
         template: the pod template (``metadata`` labels/annotations, ``spec``), deep-copied.
     """
 
@@ -341,6 +378,7 @@ class JobSpec:
     scheduler_name: str | None = None
     scheduling_timeout_seconds: int | None = None
     failure_output: str = FAILURE_OUTPUT_TAIL
+    replica_groups: ReplicaGroups | None = None
     template: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=True)
 
     @property
@@ -399,6 +437,28 @@ class JobName(Rule):
         error = job_name_error(name)
         if error:
             yield ".metadata.name", error
+
+
+@dataclass(frozen=True)
+class ReplicaGroupsJobName(Rule):
+    """A job with spec.replicaGroups has a name short enough for its groups' (<job>-g<index>), at the root."""
+
+    message: str = _d(f"""
+        metadata.name: a job with spec.replicaGroups has a name of at most
+        {MAX_JOB_NAME_LENGTH - REPLICA_GROUP_SUFFIX} characters: each group is an SPMDJob named
+        <job>-g<index>""")
+
+    def cel(self) -> str:
+        return (f"!has(self.spec) || !has(self.spec.replicaGroups) || "
+                f"size(self.metadata.name) <= {MAX_JOB_NAME_LENGTH - REPLICA_GROUP_SUFFIX}")
+
+    def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
+        metadata, spec = value.get("metadata"), value.get("spec")
+        if not isinstance(metadata, dict) or not isinstance(spec, dict) or "replicaGroups" not in spec:
+            return
+        name = metadata.get("name") or (_generated(metadata["generateName"]) if metadata.get("generateName") else "")
+        if isinstance(name, str) and len(name) > MAX_JOB_NAME_LENGTH - REPLICA_GROUP_SUFFIX:
+            yield ".metadata.name", f"{name!r} has {len(name)} characters; {self.message.split(': ', 1)[1]}"
 
 
 @dataclass(frozen=True)
@@ -504,6 +564,69 @@ class SparesNeedAGang(Rule):
             if pods < 2:
                 yield ".spares", (f"{spares} is not allowed; the job has one pod, whose loss is its coordinator's: a "
                                   "spare can take the place of any pod but rank 0's")
+
+
+@dataclass(frozen=True)
+class ReplicaGroupsForProgram(Rule):
+    """spec.replicaGroups: each group is a gang of mode Program (torchft's Managers run in the
+    training script); gang admission (Kueue, PodGroups) does not count the groups together yet."""
+
+    message: str = (f"replica groups need mode {MODE_PROGRAM} (torchft's Manager runs in the training script) and "
+                    f"scheduling.provider {SCHEDULING_NONE}: gang admission of every group and the Lighthouse "
+                    "together is not supported yet")
+    field_path: str | None = ".replicaGroups"
+
+    def cel(self) -> str:
+        return (f"!has(self.replicaGroups) || (!{_CEL_MONARCH} && (!has(self.scheduling) || "
+                f"!has(self.scheduling.provider) || self.scheduling.provider == '{SCHEDULING_NONE}'))")
+
+    def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
+        if "replicaGroups" not in value:
+            return
+        scheduling = value.get("scheduling") if isinstance(value.get("scheduling"), Mapping) else {}
+        if value.get("mode") == MODE_MONARCH or scheduling.get("provider", SCHEDULING_NONE) != SCHEDULING_NONE:
+            yield ".replicaGroups", f"not allowed here; {self.message}"
+
+
+@dataclass(frozen=True)
+class ManagerPortFree(Rule):
+    """spec.replicaGroups.managerPort is none of the ports the pod already listens on: the
+    TCPStore's (spec.masterPort) and the agent's (29400, or 29401 when masterPort is 29400)."""
+
+    message: str = ("managerPort (torchft's Manager server in each rank) must differ from masterPort and from the "
+                    f"agent's ports {names.DEFAULT_AGENT_PORT} and {names.DEFAULT_AGENT_PORT + 1}")
+    field_path: str | None = ".replicaGroups.managerPort"
+
+    def cel(self) -> str:
+        port = f"(has(self.masterPort) ? self.masterPort : {DEFAULT_MASTER_PORT})"
+        manager = f"(has(self.replicaGroups.managerPort) ? self.replicaGroups.managerPort : {DEFAULT_MANAGER_PORT})"
+        return (f"!has(self.replicaGroups) || ({manager} != {port} && {manager} != {names.DEFAULT_AGENT_PORT} "
+                f"&& {manager} != {names.DEFAULT_AGENT_PORT + 1})")
+
+    def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
+        groups = value.get("replicaGroups")
+        if not isinstance(groups, Mapping):
+            return
+        manager = groups.get("managerPort", DEFAULT_MANAGER_PORT)
+        if manager in (value.get("masterPort", DEFAULT_MASTER_PORT), names.DEFAULT_AGENT_PORT,
+                       names.DEFAULT_AGENT_PORT + 1):
+            yield ".replicaGroups.managerPort", f"{schema.show(manager)} is not allowed; {self.message}"
+
+
+@dataclass(frozen=True)
+class MinReplicasAtMostCount(Rule):
+    """spec.replicaGroups.minReplicas is at most count."""
+
+    message: str = "minReplicas (the Lighthouse's --min_replicas, the fewest groups the job goes on with) must be at most count"
+    field_path: str | None = ".minReplicas"
+
+    def cel(self) -> str:
+        return "!has(self.minReplicas) || self.minReplicas <= self.count"
+
+    def check(self, value: Any, old: Any = MISSING) -> Iterator[tuple[str, str]]:
+        low, high = value.get("minReplicas"), value.get("count")
+        if isinstance(low, int) and isinstance(high, int) and low > high:
+            yield ".minReplicas", f"{low} is more than count {high}; {self.message}"
 
 
 @dataclass(frozen=True)
@@ -1077,6 +1200,7 @@ SPEC: Final = Obj(
         (restartPolicy, activeDeadlineSeconds, ttlSecondsAfterFinished, suspend) change at any
         time."""),
     rules=(ArgsForMode(), LayoutForMode(), SparesNeedAGang(), ElasticMesh(), ElasticWaitBelowJoinTimeout(),
+           ReplicaGroupsForProgram(), ManagerPortFree(),
            *(FrozenUnlessSuspended(key) for key in POD_SHAPING_FIELDS)),
     properties={
         "mesh": Arr(
@@ -1207,6 +1331,80 @@ SPEC: Final = Obj(
                 with the spare as that pod, the restart is not counted against maxRestarts, and a
                 new spare is created in the background. Needs restartPolicy.mode InPlace and more
                 than one pod. 0..{MAX_SPARES}, default 0."""),
+        ),
+        "replicaGroups": Obj(
+            convert=ReplicaGroups.of,
+            rules=(MinReplicasAtMostCount(),
+                   schema.Immutable("spec.replicaGroups is immutable: delete the job and create it again to change it")),
+            description=_d(f"""
+                torchft replica groups (docs/torchft.md): count groups, each the whole mesh as a
+                gang of its own (an SPMDJob named <job>-g<index> that the operator makes and owns:
+                its own rank-0 Service and MASTER_ADDR, coordinator, restarts in place, spares and
+                node-loss handling, RANK and WORLD_SIZE of its own world, restartPolicy.maxRestarts
+                its own budget), plus one torchft Lighthouse pod and Service of the job, from
+                spec.image, which must have torchft installed (torchft_lighthouse on PATH). Every
+                rank gets REPLICA_GROUP_ID, NUM_REPLICA_GROUPS, TORCHFT_LIGHTHOUSE,
+                TORCHFT_MANAGER_PORT and TORCHFT_QUORUM_RETRIES (and the timeouts set here), and
+                rank 0's worker hosts the group's TCPStore (TORCHELASTIC_USE_AGENT_STORE=True), as
+                under torchrun. A failure restarts its group only. The job is Running while at
+                least minReplicas groups are, Succeeded when every group succeeded, and Failed once
+                fewer than minReplicas groups can still run (the others failed for good).
+                Immutable after creation; needs mode {MODE_PROGRAM} and no scheduling.provider.
+                Unset (default): one gang."""),
+            properties={
+                "count": Int(
+                    required=True, minimum=1, maximum=MAX_REPLICA_GROUPS,
+                    description=f"How many replica groups, 1..{MAX_REPLICA_GROUPS}.",
+                ),
+                "minReplicas": Int(
+                    default=1, minimum=1, maximum=MAX_REPLICA_GROUPS,
+                    description=_d("""
+                        The Lighthouse's --min_replicas: the fewest groups a quorum (and the job)
+                        goes on with, 1..count. Default 1, torchft's launcher's."""),
+                ),
+                "lighthousePort": Int(
+                    default=DEFAULT_LIGHTHOUSE_PORT, minimum=1, maximum=65535,
+                    description=f"The Lighthouse's port (its pod and Service). Default {DEFAULT_LIGHTHOUSE_PORT}.",
+                ),
+                "managerPort": Int(
+                    default=DEFAULT_MANAGER_PORT, minimum=1, maximum=65535,
+                    description=_d(f"""
+                        TORCHFT_MANAGER_PORT: the port of the Manager server in each group's rank 0.
+                        Default {DEFAULT_MANAGER_PORT}; not masterPort nor the agent's port."""),
+                ),
+                "joinTimeoutSeconds": Int(
+                    default=DEFAULT_LIGHTHOUSE_JOIN_TIMEOUT, minimum=1, maximum=MAX_TORCHFT_TIMEOUT,
+                    description=_d(f"""
+                        The Lighthouse's --join_timeout_ms, in seconds: how long a quorum waits for
+                        groups that heartbeat but have not asked to join. Default
+                        {DEFAULT_LIGHTHOUSE_JOIN_TIMEOUT}."""),
+                ),
+                "heartbeatTimeoutSeconds": Int(
+                    default=DEFAULT_LIGHTHOUSE_HEARTBEAT_TIMEOUT, minimum=1, maximum=MAX_TORCHFT_TIMEOUT,
+                    description=_d(f"""
+                        The Lighthouse's --heartbeat_timeout_ms, in seconds: a group silent this long
+                        is out of the quorum. Default {DEFAULT_LIGHTHOUSE_HEARTBEAT_TIMEOUT}."""),
+                ),
+                "quorumRetries": Int(
+                    default=DEFAULT_QUORUM_RETRIES, minimum=0, maximum=1000,
+                    description=_d(f"""
+                        TORCHFT_QUORUM_RETRIES: how many times a Manager asks for a quorum again
+                        before its rank fails (the groups ride out a Lighthouse restarted meanwhile).
+                        Default {DEFAULT_QUORUM_RETRIES}."""),
+                ),
+                "timeoutSeconds": Int(
+                    minimum=1, maximum=MAX_TORCHFT_TIMEOUT,
+                    description="TORCHFT_TIMEOUT_SEC: torchft's timeout of its collectives. Unset: torchft's default.",
+                ),
+                "quorumTimeoutSeconds": Int(
+                    minimum=1, maximum=MAX_TORCHFT_TIMEOUT,
+                    description="TORCHFT_QUORUM_TIMEOUT_SEC: how long a quorum may take. Unset: torchft's default.",
+                ),
+                "connectTimeoutSeconds": Int(
+                    minimum=1, maximum=MAX_TORCHFT_TIMEOUT,
+                    description="TORCHFT_CONNECT_TIMEOUT_SEC: how long a Manager may take to connect. Unset: torchft's default.",
+                ),
+            },
         ),
         "rendezvousTimeoutSeconds": Int(
             default=DEFAULT_RENDEZVOUS_TIMEOUT, minimum=1, maximum=MAX_RENDEZVOUS_TIMEOUT,
@@ -1547,7 +1745,7 @@ ROOT: Final = Obj(
         WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, TORCHELASTIC_* ...) computed from its mesh
         coordinates. The gang starts, restarts and finishes as a whole. The job's name must be a
         DNS-1035 label of at most {MAX_JOB_NAME_LENGTH} characters."""),
-    rules=(JobName(),),
+    rules=(JobName(), ReplicaGroupsJobName()),
     properties={
         "apiVersion": Str(description=f"The versioned schema of this object, {API_VERSION}."),
         "kind": Str(description=f"The kind of this object, {KIND}."),

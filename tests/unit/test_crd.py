@@ -136,7 +136,8 @@ def test_required_fields(openapi):
     # args: required by a rule on spec instead (mode Program needs it, mode Monarch refuses it)
     assert set(node_at(openapi, ".spec")["required"]) == {"mesh", "image"}
     assert [r["fieldPath"] for r in node_at(openapi, ".spec")["x-kubernetes-validations"]] == \
-        [".args", ".podLayout", ".spares", ".mesh", ".restartPolicy.elasticWaitSeconds", *(f".{k}" for k in specmod.POD_SHAPING_FIELDS)]
+        [".args", ".podLayout", ".spares", ".mesh", ".restartPolicy.elasticWaitSeconds", ".replicaGroups",
+         ".replicaGroups.managerPort", *(f".{k}" for k in specmod.POD_SHAPING_FIELDS)]
     assert set(node_at(openapi, ".spec.mesh[]")["required"]) == {"name", "size"}
 
 

@@ -144,7 +144,7 @@ def test_template_is_a_deep_copy():
         ({"restartPolicy": {"replacementTimeoutSeconds": 0}}, "spec.restartPolicy.replacementTimeoutSeconds", "1..86400"),
         ({"restartPolicy": {"replacementTimeoutSeconds": 86401}}, "spec.restartPolicy.replacementTimeoutSeconds", "1..86400"),
         ({"restartPolicy": {"backoffLimit": 3}}, "spec.restartPolicy.backoffLimit", "unknown field"),
-        ({"replicas": 3}, "spec.replicas", "unknown field; spec has mesh, args"),
+        ({"xyzzy": 3}, "spec.xyzzy", "unknown field; spec has mesh, args"),
         ({"template": {"spec": {"restartPolicy": "OnFailure"}}}, "spec.template.spec.restartPolicy", "Never"),
         ({"template": {"kind": "Pod"}}, "spec.template.kind", "unknown field; spec.template has metadata, spec"),
         ({"template": {"metadata": {"name": "x"}}}, "spec.template.metadata.name", "has labels, annotations"),
