@@ -1613,6 +1613,32 @@ STATUS: Final = Obj(
                 },
             ),
         ),
+        "groups": Arr(
+            description=_d("""
+                spec.replicaGroups: each group job (<job>-g<index>) as its own status says it: a
+                group restarts, loses pods and fails on its own."""),
+            items=Obj(
+                description="One replica group.",
+                properties={
+                    "index": Int(description="The group's index, REPLICA_GROUP_ID."),
+                    "name": Str(description="Its SPMDJob's name."),
+                    "phase": Str(description="Its phase."),
+                    "restarts": Int(description="Its restarts (its own maxRestarts is its budget)."),
+                    "disruptions": Int(description="Of those, the disruptions (not counted)."),
+                    "reason": Str(description="Its reason."),
+                },
+            ),
+        ),
+        "replicaGroups": Obj(
+            description="spec.replicaGroups: how many groups run, succeeded and failed for good.",
+            properties={
+                "count": Int(description="spec.replicaGroups.count."),
+                "minReplicas": Int(description="spec.replicaGroups.minReplicas."),
+                "running": Int(description="Groups Running now."),
+                "succeeded": Int(description="Groups that succeeded."),
+                "failed": Int(description="Groups failed for good."),
+            },
+        ),
         "lostNodes": Arr(
             description=_d("""
                 Nodes lost under this job in the last 10 minutes (a pod's agent fell silent while the

@@ -66,7 +66,7 @@ from typing import Any, Final
 
 from monarch_spmd.spec import SpecError
 
-from . import builders, creation, events, kube, lifecycle, memory
+from . import builders, creation, events, kube, lifecycle, memory, names, replicagroups
 from .collector import ChildCollector
 from .creation import Creator
 from .errors import JobGone, Refused, raise_first
@@ -272,6 +272,11 @@ class Controller:
             loop.accept(body)
         if self.active:
             self._start_loop(loop)
+        of = replicagroups.group_of(body)
+        if of is not None:  # a replica group's job: its parent's status follows its own
+            parent = self.jobs.get((key[0], of[0]))
+            if parent is not None:
+                parent.wake.set()
 
     def _wake_all(self, keys: set[JobKey]) -> None:
         for key in keys:
@@ -383,6 +388,9 @@ class Controller:
         o = self.view.observed(loop, now)
         if o is None:
             return 1.0  # an informer is (re-)listing; its completion wakes every job too
+        if not isinstance(o.spec, SpecError) and o.spec.replica_groups is not None:
+            await self._replica_groups(loop, o)  # a parent: its groups are jobs of their own
+            return None
         if not isinstance(o.spec, SpecError):  # restart in place: what the observer connection heard
             o = dataclasses.replace(o, coordinator=self.observers.tend(loop, o))
         self.creator.shown(loop, o, self.view.informers)
@@ -398,6 +406,48 @@ class Controller:
         deferred = await self._carry_out(loop, o, plan)
         waits = [t for t in (plan.requeue_after, deferred) if t is not None]
         return min(waits) if waits else None
+
+    async def _replica_groups(self, loop: JobLoop, o: lifecycle.Observed) -> None:
+        """One pass over a job with replica groups (:mod:`.replicagroups`): its group jobs, its
+        Lighthouse, its status from theirs."""
+        job, spec = o.job, o.spec
+        assert not isinstance(spec, SpecError) and spec.replica_groups is not None
+        rg, ns, key = spec.replica_groups, job.namespace, loop.key
+        children = {}
+        for other in list(self.jobs.values()):
+            of = replicagroups.group_of(other.body)
+            if (of is not None and of[0] == job.name and other.key[0] == ns
+                    and names.owner_uid(other.body) == job.uid):
+                children[of[1]] = other.body
+        lighthouse = replicagroups.lighthouse_name(job)
+        pod = next((p for p in o.pods if p.name == lighthouse), None)
+        plan = replicagroups.plan(job, spec, o.status, children, (pod.phase, pod.deleting) if pod else None,
+                                  any(s.name == lighthouse for s in o.services), lifecycle.model.format_time(o.now))
+        writes: list[Awaitable[Any]] = []
+        for g in plan.create_groups:
+            body = replicagroups.build_group_job(loop.body, job, rg, g, suspend=spec.suspend)
+            writes.append(self.creator._ensure(loop, kube.jobs_url(ns), body, job))
+        if plan.lighthouse:
+            if self.creator.isolation is not None:
+                writes.append(self.creator._ensure(loop, kube.custom_url(*builders.NETWORK_POLICY_API, ns),
+                                                   replicagroups.build_lighthouse_network_policy(job), job))
+            writes.append(self.creator._ensure(loop, kube.services_url(ns),
+                                               replicagroups.build_lighthouse_service(job, rg), job))
+            if pod is None:
+                writes.append(self.creator._ensure(loop, kube.pods_url(ns),
+                                                   replicagroups.build_lighthouse_pod(job, spec, rg), job))
+        for name in plan.suspend_groups:
+            writes.append(self.api.patch(kube.job_url(ns, name), {"spec": {"suspend": True}}, owner=key))
+        for name in plan.resume_groups:
+            writes.append(self.api.patch(kube.job_url(ns, name), {"spec": {"suspend": False}}, owner=key))
+        if plan.delete_lighthouse or plan.restart_lighthouse:
+            loop.created.pop(lighthouse, None)
+            writes.append(self.api.delete(kube.pods_url(ns, lighthouse), owner=key))
+        if plan.delete_lighthouse:
+            writes.append(self.api.delete(kube.services_url(ns, lighthouse), owner=key))
+        status = lifecycle.Plan(status=plan.status, events=tuple(lifecycle.Event(*e) for e in plan.events))
+        await self._events_and_status(loop, o, status, asyncio.get_running_loop().time())
+        await self._all(writes)
 
     async def _namespace_terminating(self, namespace: str) -> bool:
         body = await self.api.get(kube.namespace_url(namespace))

@@ -27,7 +27,7 @@ from typing import Any, Final
 from monarch_spmd import policy
 from monarch_spmd.payload import rendezvous
 
-from . import builders, events, informer, kube, lifecycle, names
+from . import builders, events, informer, kube, lifecycle, names, replicagroups
 from .errors import Refused, raise_first, refusal_of
 from .jobloop import JobLoop
 from .metrics import Metrics
@@ -93,6 +93,7 @@ class Creator:
             # per job, so a later attempt's creation finds it (409, checked to be the job's own).
             isolation = builders.build_network_policy(job, spec, *self.isolation)
             if isolation is not None:
+                replicagroups.dress_network_policy(isolation, loop.body)
                 writes.append(self._ensure(loop, kube.custom_url(*builders.NETWORK_POLICY_API, ns), isolation, job))
         if writes or plan.create or plan.replace or plan.spares:
             loop.rejection = None  # tried again: the next pass sees only what this one is refused
@@ -178,6 +179,7 @@ class Creator:
                                              restart_count=plan.replace_round if replacement else None,
                                              disruptions=plan.disruptions, payload=self.payloads.name, token=token,
                                              avoid_nodes=plan.avoid_nodes)
+                replicagroups.dress_pod(pod, loop.body)
                 builders.place_on_flavors(pod, flavors)
                 return await self.api.create(kube.pods_url(ns), pod, keep=False, owner=loop.key)
 
