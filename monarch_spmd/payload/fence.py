@@ -16,7 +16,8 @@ from typing import Any
 
 from .names import EX_TEMPFAIL
 from .rendezvous import (ALL, FAILED, FENCE_SECONDS, FINISHED, LEAVE_MARGIN, LOST_LEFT, LOST_SUPERSEDED,
-                         REASON_COORDINATOR_LOST, STALL_GIVE_UP, STALL_SECONDS, STALL_WINDOW, STOP, STOPPING, Out)
+                         OBSERVER_SIGHT, REASON_COORDINATOR_LOST, STALL_GIVE_UP, STALL_SECONDS, STALL_WINDOW, STOP,
+                         STOPPING, Out)
 
 
 class Fencing:
@@ -37,6 +38,8 @@ class Fencing:
         self.observer_broke_at: float | None = None
         self.observer_beat_at: float | None = None
         self.member_silent_at: float | None = None
+        #: When an observer last connected (or, before any did, when this coordinator started).
+        self.observer_joined_at: float = self.now
 
     def stalled(self, now: float, seconds: float = STALL_SECONDS) -> list[Out]:
         """The coordinator itself was not running for ``seconds`` (at least STALL_SECONDS) until
@@ -58,6 +61,7 @@ class Fencing:
             self._clock(now)
         self.observers += 1
         self.observer_broke_at = None
+        self.observer_joined_at = self.now
         return self._maybe_go()
 
     def observer_beat(self, now: float) -> list[Out]:
@@ -91,12 +95,23 @@ class Fencing:
 
     def unseen(self) -> bool:
         """Whether the gang may have been recreated without this coordinator knowing: it is back
-        from a silence of its own (STALL_WINDOW), looks cut off (:meth:`isolated`), or the
-        operator's observer connection broke and none is back. What it stops then, it stops
+        from a silence of its own (STALL_WINDOW), looks cut off (:meth:`isolated`), the
+        operator's observer connection broke and none is back, or no observer was heard for
+        OBSERVER_SIGHT (:meth:`out_of_sight`). What it stops then, it stops
         within the fence (a checkpoint a rank writes on SIGTERM is cut short while the operator
         is out of sight, the price of never running beside a new gang)."""
         return ((self.stalled_at is not None and self.now - self.stalled_at <= STALL_WINDOW) or self.isolated()
-                or (self.observers == 0 and self.observer_broke_at is not None))
+                or (self.observers == 0 and self.observer_broke_at is not None) or self.out_of_sight())
+
+    def out_of_sight(self) -> bool:
+        """Whether no observer has been heard for OBSERVER_SIGHT: none connected since this
+        coordinator started, or the last heartbeat is that old (its node may be partitioned with
+        every member on it, nothing of its own broken). An observer connected that never beats
+        (an earlier version, the local runner) is in sight while connected."""
+        if self.observers and self.observer_beat_at is None:
+            return False
+        heard = max(self.observer_joined_at, self.observer_beat_at or self.observer_joined_at)
+        return self.now - heard >= OBSERVER_SIGHT
 
     def _stop_message(self) -> dict[str, Any]:
         stop: dict[str, Any] = {"type": STOP, "round": self.round}

@@ -163,6 +163,11 @@ LEAVE_MARGIN: Final = 5.0
 #: within FENCE_GRACE): the gang may have been recreated without it meanwhile.
 STALL_SECONDS: Final = 3.0
 STALL_WINDOW: Final = 2.0
+#: Seconds without an observer's heartbeat (or, before any came, since the coordinator started)
+#: after which it is out of the operator's sight: its node may be cut off and the gang recreated
+#: elsewhere, though nothing of its own broke (every member beside it, no observer connected yet).
+#: The operator's observer beats every HEARTBEAT_INTERVAL and reconnects within seconds.
+OBSERVER_SIGHT: Final = 10.0
 #: A silence of its own this long (the node controller's grace: a node that stopped reporting
 #: for 40 s is marked NotReady, its pods not ready, and the operator takes them for lost) makes
 #: the coordinator give its gang up when it runs again (:meth:`.coordinator.Coordinator.stalled`): a shorter one

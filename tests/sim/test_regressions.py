@@ -192,6 +192,18 @@ REGRESSIONS: dict[str, Regression] = {r.defect: r for r in (
               faults=[{"t": 5.0, "kind": "partition", "target": 0, "duration": 12.3},
                       {"t": 5.0, "kind": "delete", "target": 0}]),
         "invariant 3", lambda mp: mp.setattr(hub.Hub, "fence_departing", lambda self, peer: None)),
+    Regression(
+        "rank 0's node partitioned before the operator's observer ever connected, the other member never "
+        "joined (an elastic round of one), rank 0's pod deleted: the gang is recreated once the deletion is "
+        "overdue, and when the node is back rank 0 runs out its pod's grace beside the new attempt (nothing of "
+        "the old coordinator broke, so it did not know it was out of the operator's sight)",
+        "a coordinator that has heard no observer for OBSERVER_SIGHT (none connected since it started, or "
+        "no heartbeat since) is out of sight: what it stops, and a pod deletion's SIGTERM, end within the "
+        "fence (fence.Fencing.out_of_sight)",
+        _base(seed=254, min=1, elastic_wait=1, extra_nodes=2, stubborn=0.3,
+              faults=[{"t": 1.3, "kind": "partition", "target": 0, "duration": 22.0},
+                      {"t": 5.0, "kind": "delete", "target": 0}]),
+        "invariant 3", lambda mp: mp.setattr(fence.Fencing, "out_of_sight", lambda self: False)),
 )}
 
 

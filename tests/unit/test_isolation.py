@@ -209,8 +209,32 @@ def test_a_member_that_leaves_while_the_operator_does_not_see_its_coordinator_is
 
 def test_a_member_that_leaves_in_the_operators_sight_keeps_its_pods_grace():
     h, peers, sent = _hub_with_gang(observer_broke=False)
+    h.received(h.observers[0], rv.encode({"type": rv.HEARTBEAT}), 19.5)  # heard a moment ago
     assert not h.machine.unseen()
     h.received(peers[1], rv.encode({"type": rv.LEAVE, "round": 0, "signal": 15}), 20.0)
     assert not [m for m in sent.get(id(peers[1]), []) if m.get("type") == rv.STOP], \
         "a checkpoint on SIGTERM keeps the pod's grace"
     assert {"type": rv.STOP, "round": 0} in sent[id(peers[2])]
+
+
+def test_a_coordinator_that_hears_no_observer_for_its_sight_is_out_of_it():
+    # A gang whose every member sits on one node that is partitioned before the operator's
+    # observer ever connected (tests/sim, seed 254): nothing of its own breaks, yet the operator
+    # may recreate it elsewhere; after OBSERVER_SIGHT it stops (and fences a leaving member)
+    # within the fence.
+    c = machine()
+    running(c)
+    c._clock(rv.OBSERVER_SIGHT - 0.5)
+    assert not c.unseen()
+    c._clock(rv.OBSERVER_SIGHT + 0.1)
+    assert c.out_of_sight() and c.unseen()
+    c.observer_joined(20.0)
+    c.observer_beat(21.0)
+    assert not c.unseen(), "heard again"
+    c._clock(21.0 + rv.OBSERVER_SIGHT)
+    assert c.unseen(), "its heartbeats stopped (a partition before the connection breaks)"
+    old = machine()
+    running(old)
+    old.observer_joined(1.0)  # the local runner's observer: connected, never beats
+    old._clock(100.0)
+    assert not old.unseen()
