@@ -168,6 +168,8 @@ class Creator:
         spare_token = (self._attempt_token(loop, spec, plan.spare_restart, pods)
                        if any(r < 0 for r, _ in ranks) else None)
 
+        grouped = replicagroups.group_of(loop.body) is not None
+
         async def create(rank: int, replacement: int) -> Any:
             async with gate:
                 if rank < 0:
@@ -181,7 +183,11 @@ class Creator:
                                              avoid_nodes=plan.avoid_nodes)
                 replicagroups.dress_pod(pod, loop.body)
                 builders.place_on_flavors(pod, flavors)
-                return await self.api.create(kube.pods_url(ns), pod, keep=False, owner=loop.key)
+                created = await self.api.create(kube.pods_url(ns), pod, keep=False, owner=loop.key)
+                if grouped:  # a replica group's pod: its hostname must resolve in the other groups
+                    await self._ensure(loop, kube.services_url(ns),
+                                       replicagroups.build_host_service(job, pod), job)
+                return created
 
         results = await asyncio.gather(*(create(r, n) for r, n in ranks), return_exceptions=True)
         # Remembered from the answers, not from when the pass began: under load a pod's request

@@ -103,6 +103,9 @@ LABEL_REPLACEMENT: Final = f"{LABEL_PREFIX}replacement"
 #: On a hot spare's pod (spec.spares): its index among the job's spares (0, 1 ...); no rank label
 #: until it takes a lost pod's place, when the operator relabels it as that pod's replacement.
 LABEL_SPARE: Final = f"{LABEL_PREFIX}spare"
+#: The pods of a job that run no rank (spec.replicaGroups: the Lighthouse) say what they are.
+LABEL_ROLE: Final = f"{LABEL_PREFIX}role"
+ROLE_LIGHTHOUSE: Final = "lighthouse"
 #: The container port of the restart-in-place coordinator (every pod declares it; rank 0's listens).
 AGENT_PORT_NAME: Final = "spmd-agent"
 

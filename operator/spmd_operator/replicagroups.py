@@ -21,7 +21,9 @@ own. It owns
 Every pod of a group job gets the group's torchft env (:func:`group_env`, carried on the group job
 as the annotation :data:`ANNOTATION_ENV`) and the label :data:`LABEL_GROUPS_OF`, which its
 NetworkPolicy and the parent's let in: torchft's process groups connect ranks of different groups
-(the same local rank of each group), and every rank reaches the Lighthouse.
+(the same local rank of each group), and every rank reaches the Lighthouse. Each such pod also
+gets a headless Service of its own name (:func:`build_host_service`): torchft advertises ranks by
+their hostname.
 
 The job's phase (:func:`phase_of`): Succeeded once every group ended and at least M succeeded;
 Failed once fewer than M groups can still run (the others Failed: their own restarts used up, or a
@@ -48,8 +50,10 @@ LABEL_GROUPS_OF: Final = f"{names.GROUP}/replica-groups-of"
 #: On a group job and its pods: the group's index.
 LABEL_GROUP: Final = f"{names.GROUP}/replica-group"
 #: On the Lighthouse pod and Service.
-LABEL_ROLE: Final = f"{names.GROUP}/role"
-ROLE_LIGHTHOUSE: Final = "lighthouse"
+LABEL_ROLE: Final = names.LABEL_ROLE
+ROLE_LIGHTHOUSE: Final = names.ROLE_LIGHTHOUSE
+#: On a group job's pod: its own name, which its host Service selects (:func:`build_host_service`).
+LABEL_POD: Final = f"{names.GROUP}/pod"
 #: On a group job: the env (JSON object) its pods' trainer gets.
 ANNOTATION_ENV: Final = f"{names.GROUP}/replica-group-env"
 #: The worker's input that makes rank 0's worker host the group's TCPStore (torchft's Manager is
@@ -121,9 +125,8 @@ def build_group_job(parent: Mapping[str, Any], job: JobRef, rg: ReplicaGroups, g
 
 
 def lighthouse_labels(job: JobRef) -> dict[str, str]:
-    """The job's labels and the role; rank -1 and restart 0 so the pods' informer keeps it (as a
-    pod of no gang: the parent runs none)."""
-    return {**job_labels(job), LABEL_ROLE: ROLE_LIGHTHOUSE, names.LABEL_RANK: "-1", names.LABEL_RESTART: "0"}
+    """The job's labels and the role (the pods' informer keeps it as rank -1: a pod of no gang)."""
+    return {**job_labels(job), LABEL_ROLE: ROLE_LIGHTHOUSE}
 
 
 def build_lighthouse_pod(job: JobRef, spec: JobSpec, rg: ReplicaGroups) -> dict[str, Any]:
@@ -202,13 +205,32 @@ def dress_pod(pod: dict[str, Any], job_body: Mapping[str, Any]) -> None:
         env = json.loads(raw)
     except ValueError:
         env = {}
-    pod["metadata"].setdefault("labels", {}).update({LABEL_GROUPS_OF: of[0], LABEL_GROUP: str(of[1])})
+    pod["metadata"].setdefault("labels", {}).update({LABEL_GROUPS_OF: of[0], LABEL_GROUP: str(of[1]),
+                                                     LABEL_POD: pod["metadata"]["name"]})
     for container in pod["spec"].get("containers") or []:
         if container.get("name") != names.CONTAINER_NAME:
             continue
         have = {e.get("name") for e in container.get("env") or []}
         container.setdefault("env", []).extend(
             {"name": str(k), "value": str(v)} for k, v in sorted(env.items()) if k not in have)
+
+
+def build_host_service(job: JobRef, pod: Mapping[str, Any]) -> dict[str, Any]:
+    """A headless Service named as a group job's pod (its hostname), selecting it: torchft
+    advertises each rank's address as ``socket.gethostname()`` (the Manager of a group's rank 0,
+    the HTTP checkpoint transport every rank serves a recovering group from), and a bare pod name
+    resolves in another pod only through a Service of that name (the namespace's search domain).
+    Owned by the group job and labelled with the pod's attempt: deleted with that attempt's
+    Services (a replacement in place has a name, so a Service, of its own)."""
+    pod_name = pod["metadata"]["name"]
+    restart = (pod["metadata"].get("labels") or {}).get(names.LABEL_RESTART, "0")
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _metadata(job, pod_name, {**job_labels(job), LABEL_POD: pod_name, names.LABEL_RESTART: restart}),
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                 "selector": {names.LABEL_JOB_UID: job.uid, LABEL_POD: pod_name},
+                 "ports": [{"name": "torchft", "port": 1, "targetPort": 1, "protocol": "TCP"}]},
+    }
 
 
 def dress_network_policy(policy: dict[str, Any], job_body: Mapping[str, Any]) -> None:

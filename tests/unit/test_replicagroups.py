@@ -139,3 +139,56 @@ def test_a_suspended_job_suspends_its_groups_and_resumes_them():
     resumed = plan(JOB, parse_job_spec(SPEC), {"phase": "Suspended"},
                    {i: child(i, "Suspended", suspend=True) for i in range(3)}, None, False, NOW)
     assert resumed.resume_groups == ("train-g0", "train-g1", "train-g2") and resumed.lighthouse
+
+
+# --- the rules of spec.replicaGroups, offline and in the CRD's CEL alike ----------------------------
+
+BASE = {"mesh": [{"name": "procs", "size": 2}], "args": ["-m", "train"], "image": "img:1"}
+
+
+@pytest.mark.parametrize("changes, name, field", [
+    ({"replicaGroups": {"count": 2, "minReplicas": 3}}, "job", "spec.replicaGroups.minReplicas"),
+    ({"replicaGroups": {"count": 2, "managerPort": 29500}}, "job", "spec.replicaGroups.managerPort"),
+    ({"replicaGroups": {"count": 2, "managerPort": 29401}}, "job", "spec.replicaGroups.managerPort"),
+    ({"replicaGroups": {"count": 2}, "mode": "Monarch", "podLayout": "PerHost", "args": None}, "job",
+     "spec.replicaGroups"),
+    ({"replicaGroups": {"count": 2}, "scheduling": {"provider": "Kueue", "queue": "q"}}, "job", "spec.replicaGroups"),
+    ({"replicaGroups": {"count": 2}}, "j" * 47, "metadata.name"),
+    ({"replicaGroups": {"count": 2}}, "j" * 46, None),
+    ({"replicaGroups": {"count": 99, "minReplicas": 99, "managerPort": 29600}}, "job", None),
+])
+def test_a_replica_groups_rule_is_refused_offline_and_by_the_crds_cel_alike(changes, name, field):
+    from monarch_spmd import schema, spec as spec_mod
+
+    from .test_crd import cel_failures
+    job_spec = {**BASE, **changes}
+    job_spec = {k: v for k, v in job_spec.items() if v is not None}
+    doc = {"apiVersion": spec_mod.API_VERSION, "kind": spec_mod.KIND, "metadata": {"name": name}, "spec": job_spec}
+    errors = spec_mod.check_manifest(doc)[1]
+    assert [e.field for e in errors] == ([field] if field else []), errors
+    obj, problems = schema.validate(spec_mod.ROOT, doc, reset=("status",))
+    assert bool(cel_failures(obj)) is bool(field), cel_failures(obj)
+
+
+def test_the_lighthouse_pod_is_seen_as_a_pod_of_the_job_with_no_rank():
+    from spmd_operator.lifecycle import model
+    spec = parse_job_spec(SPEC)
+    pod = rg_mod.build_lighthouse_pod(JOB, spec, spec.replica_groups)
+    pod["status"] = {"phase": "Running"}
+    info = model.pod_info(pod)
+    assert info is not None and (info.name, info.rank, info.restart, info.phase) == ("train-lighthouse", -1, 0, "Running")
+    assert all(value == "" or value[0].isalnum() for value in pod["metadata"]["labels"].values()), "valid label values"
+
+
+def test_each_group_pod_gets_a_headless_service_of_its_own_name_kept_with_its_attempt():
+    body = child(0, None)
+    body["metadata"]["uid"] = "uid-g0"
+    ref = JobRef.from_body(body)
+    pod = builders.build_pod(ref, parse_job_spec(body["spec"], require_image=True), 0, 2)
+    rg_mod.dress_pod(pod, body)
+    svc = rg_mod.build_host_service(ref, pod)
+    name = pod["metadata"]["name"]
+    assert svc["metadata"]["name"] == name and svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["selector"] == {names.LABEL_JOB_UID: "uid-g0", rg_mod.LABEL_POD: name}
+    assert all(pod["metadata"]["labels"][k] == v for k, v in svc["spec"]["selector"].items()), "it selects the pod"
+    assert svc["metadata"]["labels"][names.LABEL_RESTART] == "2", "deleted with its attempt's Services"

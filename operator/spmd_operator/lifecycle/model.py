@@ -163,6 +163,10 @@ def _condition(status: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
     return {}
 
 
+class _NoRank(Exception):
+    """A pod of the job that runs no rank."""
+
+
 def pod_info(body: Mapping[str, Any]) -> PodInfo | None:
     """Summarizes a pod object (as the API server returns it) for the lifecycle.
 
@@ -172,6 +176,8 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo | None:
     labels = meta.get("labels") or {}
     spare: int | None = None
     try:
+        if labels.get(names.LABEL_ROLE) == names.ROLE_LIGHTHOUSE:
+            raise _NoRank  # the Lighthouse of a job with replica groups: rank -1, no gang's
         restart = int(labels[names.LABEL_RESTART])
         if names.LABEL_RANK not in labels and names.LABEL_SPARE in labels:
             rank, spare = -1, int(labels[names.LABEL_SPARE])
@@ -179,6 +185,8 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo | None:
                 return None
         else:
             rank = int(labels[names.LABEL_RANK])
+    except _NoRank:
+        restart, rank = 0, -1
     except (KeyError, TypeError, ValueError):
         return None
     status = body.get("status") or {}
