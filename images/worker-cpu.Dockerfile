@@ -17,6 +17,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 # Pinned inside pyproject's range (torch>=2.13,<2.15), from the CPU-only wheel index (no CUDA).
 RUN pip install torch==2.14.1 --index-url "${TORCH_INDEX_URL}"
+# torchft for replica groups (spec.replicaGroups): its Manager for the ranks, and the
+# torchft_lighthouse the operator runs in the job's Lighthouse pod. Only those jobs use it.
+# TORCHFT_INDEX_URL: PyPI by default (the CPU torch index has no torchft).
+ARG TORCHFT_INDEX_URL=https://pypi.org/simple
+RUN pip install torchft==0.2.0 --index-url "${TORCHFT_INDEX_URL}"
 
 WORKDIR /src
 COPY pyproject.toml README.md ./

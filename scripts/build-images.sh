@@ -209,21 +209,21 @@ project_context() {  # only the files the Dockerfiles copy, nothing ignored
 build_operator() {
   docker_build operator "$ROOT/images/operator.Dockerfile" "$(project_context)" --build-arg "BASE_IMAGE=${REF[python]}"
 }
-# The wheel folder scripts/pip-install.sh keeps ($CACHE/wheels), with TORCH_PIN and its
-# dependencies added where missing (fetched from TORCH_INDEX_URL by this machine's pip), laid out
+# The wheel folder scripts/pip-install.sh keeps ($CACHE/wheels), with the pins given (torch's,
+# torchft's) and their dependencies added where missing (fetched from TORCH_INDEX_URL by this machine's pip), laid out
 # also as a PEP 503 index (simple/<project>/<wheel>, hard links). Prints the folder; fails where
 # this machine's Python is not the image's (3.11 on Linux x86_64), whose wheels could differ.
 torch_wheelhouse() {
-  local pin="$1" dir="$CACHE/wheels" file project
+  local dir="$CACHE/wheels" file project
   "$HOST_PYTHON" -c 'import platform, sys; sys.exit(sys.version_info[:2] != (3, 11) or platform.machine() != "x86_64")' \
     2>/dev/null || return 1
   mkdir -p "$dir"
   exec 7>"$CACHE/wheels.lock"  # this function runs in a subshell: the lock ends with it
   flock 7
-  if ! "$HOST_PYTHON" -m pip wheel -q --disable-pip-version-check --no-index --find-links "$dir" -w "$dir" "$pin" >/dev/null 2>&1; then
-    log "fetching $pin and its wheels into $dir"
+  if ! "$HOST_PYTHON" -m pip wheel -q --disable-pip-version-check --no-index --find-links "$dir" -w "$dir" "$@" >/dev/null 2>&1; then
+    log "fetching $* and their wheels into $dir"
     "$HOST_PYTHON" -m pip wheel -q --disable-pip-version-check --index-url "$TORCH_INDEX_URL" \
-      --find-links "$dir" -w "$dir" "$pin" >&2 || return 1
+      --find-links "$dir" -w "$dir" "$@" >&2 || return 1
   fi
   rm -rf "$dir/simple"
   for file in "$dir"/*.whl; do
@@ -252,16 +252,17 @@ serve_wheels() {  # DIR: serves it until this script exits; INDEX becomes its UR
   return 1
 }
 build_worker-cpu() {
-  local pin wheels
-  pin="$(sed -n 's/^RUN pip install \(torch==[^ ]*\) .*/\1/p' "$ROOT/images/worker-cpu.Dockerfile" | head -n 1)"
-  if [ -n "$pin" ] && wheels="$(torch_wheelhouse "$pin")" && serve_wheels "$wheels"; then
-    log "the worker image takes $pin from $wheels"
+  local pins wheels
+  # Every pinned `RUN pip install X==V --index-url` of the Dockerfile: torch, torchft.
+  mapfile -t pins < <(sed -n 's/^RUN pip install \([a-z]*==[^ ]*\) --index-url .*/\1/p' "$ROOT/images/worker-cpu.Dockerfile")
+  if [ "${#pins[@]}" -gt 0 ] && wheels="$(torch_wheelhouse "${pins[@]}")" && serve_wheels "$wheels"; then
+    log "the worker image takes ${pins[*]} from $wheels"
   else
     INDEX="$TORCH_INDEX_URL"
     log "the worker image downloads torch from $TORCH_INDEX_URL itself"
   fi
   docker_build worker-cpu "$ROOT/images/worker-cpu.Dockerfile" "$(project_context)" \
-    --build-arg "BASE_IMAGE=${REF[python]}" --build-arg "TORCH_INDEX_URL=$INDEX"
+    --build-arg "BASE_IMAGE=${REF[python]}" --build-arg "TORCH_INDEX_URL=$INDEX" --build-arg "TORCHFT_INDEX_URL=$INDEX"
 }
 build_pause() {
   mkdir -p "$WORK/pause"

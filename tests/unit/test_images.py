@@ -124,7 +124,7 @@ def test_operator_image_has_the_operator_stack():
 
 def test_worker_image_uses_the_cpu_torch_wheel():
     path = ROOT / "images/worker-cpu.Dockerfile"
-    assert pip_pins(path) == {"torch": "2.14.1"}
+    assert pip_pins(path) == {"torch": "2.14.1", "torchft": "0.2.0"}  # torchft: replica groups' Lighthouse and Manager
     runs = [rest for word, rest in instructions(path) if word == "RUN" and "torch==" in rest]
     words = shlex.split(runs[0])
     assert words[words.index("--index-url") + 1] == "https://download.pytorch.org/whl/cpu"
