@@ -127,6 +127,8 @@ LOCAL_FIELDS: Final[Mapping[str, tuple[str, str]]] = {
     "restartPolicy.joinTimeoutSeconds": (HONOURED, ""),
     "restartPolicy.elasticWaitSeconds": (HONOURED, ""),
     "spares": (NOTED, "no spare workers are started locally: a worker that dies is replaced alone"),
+    "replicaGroups.*": (REFUSED, "a local run takes replica groups as flags: monarch-spmd run --replica-groups G "
+                                 "--min-replicas M -f <a manifest without spec.replicaGroups> (docs/torchft.md)"),
     "failureOutput": (NOTED, "every rank's output is on this terminal"),
     "rendezvousTimeoutSeconds": (HONOURED, ""),
     "activeDeadlineSeconds": (HONOURED, ""),
@@ -158,7 +160,7 @@ _CONTAINER_NOTED: Final = ("resources", "volumeMounts", "securityContext", "port
 #: Objects whose fields a local run tells apart only by these: the pod template's PodSpec is typed
 #: field by field (Kubernetes' schema), but every other pod-level field is one thing here
 #: (``template.spec.*``: there is no pod).
-_FIELDS_APART: Final = {"template.spec": ("restartPolicy", "containers")}
+_FIELDS_APART: Final = {"template.spec": ("restartPolicy", "containers"), "replicaGroups": ()}
 
 
 def _walked(node: schema.Obj, path: str) -> dict[str, schema.Node]:
@@ -270,14 +272,16 @@ def check_local(job: LocalJob, gpus: int | None = None) -> tuple[dict[str, str],
         gpus: the GPUs this machine has (default: :func:`visible_gpus`).
 
     Raises:
-        LocalRunError: for ``spec.suspend: true``, ``spec.mode: Monarch`` and env the cluster
-            must supply, naming the field.
+        LocalRunError: for ``spec.suspend: true``, ``spec.mode: Monarch``, ``spec.replicaGroups``
+            and env the cluster must supply, naming the field.
     """
     s = job.spec
     if s.mode == spec.MODE_MONARCH:
         raise LocalRunError(f"spec.mode: {LOCAL_FIELDS['mode'][1]}")
     if s.suspend:
         raise LocalRunError(f"spec.suspend: {LOCAL_FIELDS['suspend'][1]}")
+    if s.replica_groups is not None:
+        raise LocalRunError(f"spec.replicaGroups: {LOCAL_FIELDS['replicaGroups.*'][1]}")
     try:
         env = policy.trainer_env(s)
     except policy.UnsupportedLocally as e:
@@ -349,11 +353,6 @@ def job_from_manifest(doc: Mapping[str, Any]) -> LocalJob:
         monarch_spmd.spec.SpecError: naming the manifest field (e.g. ``spec.mesh[1].size``).
     """
     name, _, parsed = spec.load_manifest(doc)
-    if parsed.replica_groups is not None:
-        raise spec.SpecError("spec.replicaGroups", (
-            "not read by a local run: give its groups as flags, monarch-spmd run --replica-groups "
-            f"{parsed.replica_groups.count} --min-replicas {parsed.replica_groups.min_replicas} -f <a manifest "
-            "without spec.replicaGroups>, or apply this one to a cluster"))
     body = doc.get("spec") or {}
     return LocalJob(name=name, spec=parsed, fixed_port="masterPort" in body,
                     fields=present_fields(body) if isinstance(body, Mapping) else {})

@@ -32,6 +32,7 @@ SAMPLES = {
 REFUSALS = {
     "suspend": ({"suspend": True}, "spec.suspend: true holds the job"),
     "mode": ({"mode": "Monarch", "podLayout": "PerHost", "args": None}, "spec.mode: Monarch serves"),
+    "replicaGroups.*": ({"replicaGroups": {"count": 2}}, "spec.replicaGroups: a local run takes replica groups as flags"),
 }
 
 
