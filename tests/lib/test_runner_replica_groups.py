@@ -20,7 +20,7 @@ pytest.importorskip("torchft")
 
 PROGRAM = "tests.programs.torchft_train"
 STEP = re.compile(r"^\[group (\d)\] \[rank (\d)\] torchft_train group \1 rank \2 pid (\d+) attempt (\d+) step (\d+) "
-                  r"participants (\d+) t ([\d.]+)$", re.M)
+                  r"participants (\d+) t ([\d.]+) w \S+$", re.M)
 
 
 def steps(text: str) -> list[dict]:

@@ -6,7 +6,10 @@ DDP and optimizer step through the Manager's quorum. Every rank prints its envir
 then one line per step with the wall-clock time, its pid and attempt, so a test can order what
 the groups did without sleeping:
 
-    torchft_train group G rank R pid P attempt A step S participants N t T
+    torchft_train group G rank R pid P attempt A step S participants N t T w W
+
+(W: the sum of the model's parameters after the step: the same in every group at a step all of
+them took part in, once torchft has healed a group that came back.)
 
 Faults, each for one rank of one group (``--*-group`` and ``--*-rank``):
 
@@ -17,6 +20,8 @@ Faults, each for one rank of one group (``--*-group`` and ``--*-rank``):
 * ``--fail-step K --code C``: exit with code C at step K, on every attempt.
 
 ``--progress-dir``: rank 0 of every group writes its last step to ``DIR/group<G>``.
+
+The last line of each rank is ``torchft_train group G rank R done weights W``.
 """
 
 from __future__ import annotations
@@ -98,16 +103,18 @@ def main(argv: list[str] | None = None) -> int:
         opt.zero_grad()
         m(torch.rand(8, 4)).sum().backward()
         opt.step()
+        weights = sum(float(p.detach().double().sum()) for p in m.parameters())
         print(f"torchft_train group {group} rank {rank} pid {os.getpid()} attempt {attempt} "
-              f"step {manager.current_step()} participants {manager.num_participants()} t {time.time():.3f}",
-              flush=True)
+              f"step {manager.current_step()} participants {manager.num_participants()} t {time.time():.3f} "
+              f"w {weights:.10f}", flush=True)
         if rank == 0 and opts.progress_dir:
             path = os.path.join(opts.progress_dir, f"group{group}")
             with open(path + ".tmp", "w") as f:
                 f.write(str(manager.current_step()))
             os.replace(path + ".tmp", path)
         time.sleep(opts.step_seconds)
-    print(f"torchft_train group {group} rank {rank} done", flush=True)
+    weights = sum(float(p.detach().double().sum()) for p in m.parameters())
+    print(f"torchft_train group {group} rank {rank} done weights {weights:.10f}", flush=True)
     return 0
 
 
