@@ -19,7 +19,7 @@ CRD_NAME = "spmdjobs.spmd.monarch.dev"
 
 # The operator's RBAC: what operator/README.md ("What it needs from the API") lists, and nothing more.
 NAMESPACED_RULES = [
-    {"apiGroups": ["spmd.monarch.dev"], "resources": ["spmdjobs"], "verbs": ["get", "list", "watch", "delete"]},
+    {"apiGroups": ["spmd.monarch.dev"], "resources": ["spmdjobs"], "verbs": ["get", "list", "watch", "delete", "create", "patch"]},
     {"apiGroups": ["spmd.monarch.dev"], "resources": ["spmdjobs/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete", "patch"]},
     {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch", "create", "delete"]},
