@@ -5,8 +5,9 @@ gloo, and the real operator.
 A job of G groups is G group jobs (<job>-g<g>) and one Lighthouse pod: a rank of one group killed
 restarts that group only (its pods stay, its restart counted in its own status), while the other
 groups' pods, pids and attempts never change and they step on; every group ends with the same
-weights. The Lighthouse's pod deleted is created again and the job still finishes. Fewer than
-minReplicas groups left fails the job, suspends the rest and removes the Lighthouse.
+weights. A group's pod deleted recreates that group's gang only, uncounted. The Lighthouse's pod
+deleted is created again and the job still finishes. Fewer than minReplicas groups left fails the
+job, suspends the rest and removes the Lighthouse.
 """
 
 from __future__ import annotations
@@ -134,3 +135,21 @@ def test_a_bad_replica_groups_field_is_refused_by_the_api_server_naming_it(runni
     done = apply(c, namespace, bad, check=False)
     assert done.returncode != 0 and "minReplicas" in done.stderr, done.stderr
     assert c.kubectl("get", "spmdjobs", "-n", namespace, "-o", "name", check=False).stdout.strip() == ""
+
+
+def test_a_groups_pod_deleted_recreates_that_group_only_uncounted_while_the_other_steps_on(
+        running_operator, namespace):
+    c = running_operator
+    apply(c, namespace, manifest("del", 2, "--steps", "400", "--step-seconds", "0.05", restartPolicy={"maxRestarts": 0}))
+    wait_phase(c, namespace, "del", "Running", timeout=180)
+    kept, victim = group_pods(c, namespace, "del", 0), group_pods(c, namespace, "del", 1)
+    wait_until(lambda: "step 5 " in c.pod_log(namespace, next(iter(victim))), 120, "group 1 stepping")
+    c.kubectl("delete", "pod", next(iter(victim)), "-n", namespace, "--wait=false")
+    job = finished(c, namespace, "del", "Succeeded", 2, timeout=300)
+    rows = {row["index"]: row for row in job["status"]["groups"]}
+    assert rows[0]["restarts"] == 0 and rows[1]["disruptions"] == 1, job["status"]["groups"]
+    assert group_pods(c, namespace, "del", 0) == kept, "group 0's pod kept"
+    seen = steps(c.pod_log(namespace, next(iter(kept))))
+    assert {s["attempt"] for s in seen} == {0} and len({s["pid"] for s in seen if s["rank"] == 0}) == 1
+    assert set(group_pods(c, namespace, "del", 1)) != set(victim), "group 1's gang was created again"
+    assert get_job(c, namespace, "del-g1")["status"]["phase"] == "Succeeded", "a deletion is not counted (maxRestarts 0)"
