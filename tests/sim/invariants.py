@@ -187,20 +187,29 @@ def on_status(sim: Sim, before: dict[str, Any], after: dict[str, Any], plan: lif
                     and c.get("reason") == "WaitingForOldPods"), None)
     was = next((c for c in before.get("conditions") or [] if c.get("type") == "Restarting"), {})
     if waiting is not None and waiting.get("message") != was.get("message"):
-        lost = {e.get("node") for e in after.get("lostNodes") or []}
+        # A node judged lost, with when: the pods that were on it then hold nothing up; one created
+        # there later (the node answered again) is waited for as any other.
+        lost = {e.get("node"): lifecycle.model.parse_time(e.get("time")) for e in after.get("lostNodes") or []}
         failure = after.get("failure") or {}
         if failure.get("reason") == "NodeLost":
-            lost.add(failure.get("node"))
+            lost[failure.get("node")] = None
         attempt = after.get("restarts")
         old = [p.info() for p in sim.cluster.pods.values()]
         # Hot spares of older attempts count: the new attempt waits for them too (a spare assigned
         # a place before its SIGTERM came runs that member's ranks).
         old = [i for i in old if i is not None and i.restart != attempt and i.phase not in ("Succeeded", "Failed")]
-        elsewhere = [i for i in old if i.node not in lost]
+
+        def there_when_lost(i: Any) -> bool:
+            if i.node not in lost:
+                return False
+            at, created = lost[i.node], lifecycle.model.parse_time(i.created)
+            return at is None or created is None or created <= at
+
+        elsewhere = [i for i in old if not there_when_lost(i)]
         found = re.fullmatch(r"waiting for (\d+) pods of the previous attempt .*podReplacementPolicy\)",
                              str(waiting.get("message")))
         if found and int(found.group(1)) > len(elsewhere):
-            held = [i.name for i in old if i.node in lost]
+            held = [i.name for i in old if there_when_lost(i)]
             raise Violation(f"invariant 5 (liveness): attempt {attempt} waits for pods on nodes judged lost "
                             f"({', '.join(held)}): {waiting.get('message')}")
     restarting = next((c for c in after.get("conditions") or [] if c.get("type") == "Restarting"), {})

@@ -204,6 +204,17 @@ REGRESSIONS: dict[str, Regression] = {r.defect: r for r in (
               faults=[{"t": 1.3, "kind": "partition", "target": 0, "duration": 22.0},
                       {"t": 5.0, "kind": "delete", "target": 0}]),
         "invariant 3", lambda mp: mp.setattr(fence.Fencing, "out_of_sight", lambda self: False)),
+    Regression(
+        "a node judged lost came back and took a pod of the next attempt; when that attempt's rank 0 was "
+        "deleted, the attempt after it did not wait for that pod (its node was still remembered as lost) and "
+        "its ranks ran out their 30 s grace beside the new gang",
+        "a node remembered as lost holds up only the pods that were on it when it was lost; one judged lost "
+        "again is remembered from then (lifecycle.gang._there_when_lost, Pass.remembered_lost_nodes)",
+        _base(seed=4346287, pods=3, grace=30, capacity=2, extra_nodes=2, stubborn=0.3,
+              faults=[{"t": 5.0, "kind": "partition", "target": 1, "duration": 12.8},
+                      {"t": 18.5, "kind": "freeze", "target": 0}, {"t": 5.0, "kind": "delete", "target": 2},
+                      {"t": 18.5, "kind": "drain"}, {"t": 57.0, "kind": "delete", "target": 0}]),
+        "invariant 3", lambda mp: mp.setattr(gang, "_there_when_lost", lambda pod, remembered: pod.node in remembered)),
 )}
 
 

@@ -18,6 +18,7 @@ says so. With ``TerminatingOrFailed`` the next attempt is created at once.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable
 
 from monarch_spmd import policy
@@ -77,6 +78,14 @@ def older_spares(p: Pass) -> list[PodInfo]:
     return [s for s in p.o.spares if s.restart != p.restart]
 
 
+def _there_when_lost(pod: PodInfo, remembered: dict[str, dt.datetime | None]) -> bool:
+    """Whether ``pod`` was on its node when the node was judged lost (a remembered loss)."""
+    if pod.node not in remembered:
+        return False
+    at, created = remembered[pod.node], parse_time(pod.created)
+    return at is None or created is None or created <= at
+
+
 def _old_pods_block(p: Pass) -> bool:
     """Whether the next attempt must still wait for pods of older attempts to go away, their hot
     spares included: a spare the old coordinator assigned a place before its SIGTERM came runs that
@@ -85,7 +94,10 @@ def _old_pods_block(p: Pass) -> bool:
     if not blocking or p.spec.pod_replacement_policy == REPLACE_AT_ONCE:
         return False
     since = parse_time((p.o.status.get("failure") or {}).get("time")) or p.now
-    lost = set(p.remembered_lost_nodes())
+    # A node remembered as lost holds up none of the pods that were on it when it was lost; a pod
+    # created there after it (the node answered again and took it) is waited for as any other.
+    remembered = {node: parse_time(at) for node, at in p.remembered_lost_nodes().items()}
+    lost: set[str] = set()
     if inplace.lost_node(p) is not None:
         lost.add(str(inplace.lost_node(p)))
     # The pods of a node judged lost answer nobody (their deletion waits for the node controller,
@@ -99,7 +111,7 @@ def _old_pods_block(p: Pass) -> bool:
         if pod.node and pod.deleting and inplace.overdue(p, pod):
             p.lost_nodes.add(pod.node)
             lost.add(pod.node)
-    blocking = [pod for pod in blocking if pod.node not in lost]
+    blocking = [pod for pod in blocking if pod.node not in lost and not _there_when_lost(pod, remembered)]
     if not blocking:
         return False
     limit = p.spec.replacement_timeout_seconds

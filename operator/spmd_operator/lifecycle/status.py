@@ -409,8 +409,8 @@ class Pass:
             at = parse_time(entry.get("time"))
             if at is not None and (self.now - at).total_seconds() < LOST_NODE_SECONDS:
                 out[entry["node"]] = str(entry["time"])
-        for node in self.lost_nodes:
-            out.setdefault(node, format_time(self.now))
+        for node in self.lost_nodes:  # judged lost (again) now: the pods there now were there
+            out[node] = format_time(self.now)
         return out
 
     def plan(self) -> Plan:

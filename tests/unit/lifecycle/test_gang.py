@@ -112,6 +112,25 @@ def test_next_attempt_waits_for_the_old_pods_to_terminate_then_comes_up():
     assert cond(new, "Restarting") is None or cond(new, "Restarting")["status"] == "False"
 
 
+def test_a_node_remembered_as_lost_holds_up_only_the_pods_that_were_on_it_when_it_was_lost():
+    # tests/sim, seed 4346287: node-3 lost at 11:59:00 came back and took a pod of the next attempt
+    # at 11:59:30; when that attempt's rank 0 was deleted, its pod there ran out its grace beside
+    # the attempt after it, which had not waited for it.
+    st = status("Restarting", restarts=2, failure={"rank": 0, "time": "2026-01-01T11:59:55Z"},
+                lostNodes=[{"node": "node-3", "time": "2026-01-01T11:59:00Z"}])
+    old = deleting(gang("Running", restart=1))
+    before = [dataclasses.replace(p, created="2026-01-01T11:58:00Z") for p in old]
+    after = [dataclasses.replace(p, created="2026-01-01T11:59:30Z") for p in old]
+    plan = run(st=st, pods=[*before[:3], after[3]])
+    assert plan.create == (), "the pod created on node-3 after its loss is waited for"
+    assert "4 pods of the previous attempt" in cond(apply(st, plan), "Restarting")["message"]
+    plan = run(st=st, pods=[*after[:3], before[3]])
+    assert "3 pods of the previous attempt" in cond(apply(st, plan), "Restarting")["message"], \
+        "the one there when node-3 was lost holds nothing up"
+    plan = run(st=st, pods=before[3:])
+    assert plan.create == (0, 1, 2, 3)
+
+
 def test_next_attempt_proceeds_after_the_replacement_timeout_and_says_so():
     st = status("Restarting", restarts=1, failure={"rank": 0, "time": "2026-01-01T11:57:00Z"})
     plan = run(s=spec(restartPolicy={"replacementTimeoutSeconds": 120}), st=st, pods=deleting(gang("Running", restart=0)))
