@@ -413,6 +413,7 @@ class Controller:
         job, spec = o.job, o.spec
         assert not isinstance(spec, SpecError) and spec.replica_groups is not None
         rg, ns, key = spec.replica_groups, job.namespace, loop.key
+        self.creator.shown(loop, o, self.view.informers)  # a Lighthouse seen deleted may be created again at once
         children = {}
         for other in list(self.jobs.values()):
             of = replicagroups.group_of(other.body)

@@ -203,7 +203,7 @@ def on_status(sim: Sim, before: dict[str, Any], after: dict[str, Any], plan: lif
             if i.node not in lost:
                 return False
             at, created = lost[i.node], lifecycle.model.parse_time(i.created)
-            return at is None or created is None or created <= at
+            return at is None or created is None or created < at
 
         elsewhere = [i for i in old if not there_when_lost(i)]
         found = re.fullmatch(r"waiting for (\d+) pods of the previous attempt .*podReplacementPolicy\)",

@@ -215,7 +215,24 @@ REGRESSIONS: dict[str, Regression] = {r.defect: r for r in (
                       {"t": 18.5, "kind": "freeze", "target": 0}, {"t": 5.0, "kind": "delete", "target": 2},
                       {"t": 18.5, "kind": "drain"}, {"t": 57.0, "kind": "delete", "target": 0}]),
         "invariant 3", lambda mp: mp.setattr(gang, "_there_when_lost", lambda pod, remembered: pod.node in remembered)),
+    Regression(
+        "the same, with the pod created in the very second its node was judged lost (times are whole "
+        "seconds): it was taken for one that was there, and its ranks ran beside the next gang",
+        "a pod created in the second of the loss is waited for (lifecycle.gang._there_when_lost: created "
+        "strictly before)",
+        _base(seed=82310, procs=2, min=1, elastic_wait=3,
+              faults=[{"t": 2.0, "kind": "partition", "target": 1, "duration": 29.6},
+                      {"t": 49.6, "kind": "delete", "target": 0}]),
+        "invariant 3", lambda mp: mp.setattr(gang, "_there_when_lost", _within_the_second)),
 )}
+
+
+def _within_the_second(pod: Any, remembered: dict[str, Any]) -> bool:
+    """The first rule of _there_when_lost: a pod created in the second of the loss was there."""
+    if pod.node not in remembered:
+        return False
+    at, created = remembered[pod.node], gang.parse_time(pod.created)
+    return at is None or created is None or created <= at
 
 
 @pytest.mark.parametrize("defect", list(REGRESSIONS))

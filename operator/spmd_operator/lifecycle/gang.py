@@ -79,11 +79,12 @@ def older_spares(p: Pass) -> list[PodInfo]:
 
 
 def _there_when_lost(pod: PodInfo, remembered: dict[str, dt.datetime | None]) -> bool:
-    """Whether ``pod`` was on its node when the node was judged lost (a remembered loss)."""
+    """Whether ``pod`` was on its node when the node was judged lost (a remembered loss): created
+    before that second (one created in the same second may have come after: it is waited for)."""
     if pod.node not in remembered:
         return False
     at, created = remembered[pod.node], parse_time(pod.created)
-    return at is None or created is None or created <= at
+    return at is None or created is None or created < at
 
 
 def _old_pods_block(p: Pass) -> bool:

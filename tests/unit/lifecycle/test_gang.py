@@ -129,6 +129,8 @@ def test_a_node_remembered_as_lost_holds_up_only_the_pods_that_were_on_it_when_i
         "the one there when node-3 was lost holds nothing up"
     plan = run(st=st, pods=before[3:])
     assert plan.create == (0, 1, 2, 3)
+    same_second = [dataclasses.replace(old[3], created="2026-01-01T11:59:00Z")]
+    assert run(st=st, pods=same_second).create == (), "created in the second of the loss: maybe after it"
 
 
 def test_next_attempt_proceeds_after_the_replacement_timeout_and_says_so():
