@@ -197,7 +197,9 @@ def on_status(sim: Sim, before: dict[str, Any], after: dict[str, Any], plan: lif
         old = [p.info() for p in sim.cluster.pods.values()]
         # Hot spares of older attempts count: the new attempt waits for them too (a spare assigned
         # a place before its SIGTERM came runs that member's ranks).
-        old = [i for i in old if i is not None and i.restart != attempt and i.phase not in ("Succeeded", "Failed")]
+        # So do the pods of this attempt being deleted (a member's pod whose place a spare took).
+        old = [i for i in old if i is not None and (i.restart != attempt or i.deleting)
+               and i.phase not in ("Succeeded", "Failed")]
 
         def there_when_lost(i: Any) -> bool:
             if i.node not in lost:
