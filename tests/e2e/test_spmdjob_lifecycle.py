@@ -28,7 +28,9 @@ def test_mesh_2x2_runs_gloo_all_reduce_and_ddp_then_succeeds(running_operator, n
 
     status = job["status"]
     assert (status["procs"], status["mesh"], status["restarts"]) == (4, "hosts=2,gpus=2", 0)
-    pods = job_pods(c, namespace, "hello")
+    # Succeeded on the gang's own word (every rank exited 0): each pod's phase follows as its worker ends.
+    pods = wait_until(lambda: (found := job_pods(c, namespace, "hello"))
+                      and all(p.status.phase == "Succeeded" for p in found) and found, 60, "every pod Succeeded")
     assert sorted(p.metadata.name for p in pods) == pod_names(job, 0, 4)
     ips = {p.status.pod_ip for p in pods}
     assert len(ips) == 4 and None not in ips, ips
